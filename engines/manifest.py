@@ -1,0 +1,146 @@
+"""manifest.json: the engine dir's contract (documented field by field in docs/engine-format.md).
+
+Loading validates everything a runtime relies on and raises ``EngineError`` naming the
+problem: a missing file, a corrupt or unknown-version manifest, a draft whose vocabulary
+differs from the target's.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .base import EngineError
+
+FORMAT = "specrt-engine"
+SCHEMA_VERSION = 1
+ROLES = ("target", "draft")
+
+
+@dataclass(frozen=True)
+class ModelGeometry:
+    """The sizes a runtime needs to allocate a model's KV cache and read its outputs."""
+
+    architecture: str  # HF architecture class name, e.g. "LlamaForCausalLM"
+    num_layers: int  # decoder layers (one past_key/past_value pair each)
+    num_kv_heads: int  # key/value heads per layer
+    head_dim: int  # per-head size
+    hidden_size: int  # width of the optional `hidden` output
+    vocab_size: int  # logits width
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One exported model graph, as recorded in the manifest under ``models.<role>``."""
+
+    role: str  # "target" | "draft"
+    file: str  # ONNX file name, relative to the engine dir
+    geometry: ModelGeometry  # cache and output sizes
+    dtype: str  # "fp32" | "fp16": dtype of masks, past/new K/V (logits are always fp32)
+    has_hidden: bool  # whether the graph also outputs `hidden`
+    shapes: dict  # fixed query lengths: {"decode": 1, "verify": gamma+1, "prefill": chunk}
+    inputs: list  # [{"name", "dtype", "shape"}] in graph order
+    outputs: list  # [{"name", "dtype", "shape"}] in graph order
+    vocab_sha256: str  # hash of the tokenizer vocabulary this model was exported with
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated engine dir."""
+
+    root: Path  # the engine dir
+    graphs: dict  # role -> GraphSpec
+    tokenizer_dir: Path  # HF tokenizer files (tokenizer.json, tokenizer_config.json)
+    eos_token_ids: tuple  # token ids that end generation
+    max_len: int  # KV cache capacity in tokens (prompt + generated)
+    gamma: int  # exported chain-verify draft length (verify shape = gamma + 1)
+    defaults: dict = field(default_factory=dict)  # runtime defaults, e.g. {"method": "draft"}
+    raw: dict = field(default_factory=dict)  # the manifest as read
+
+    @property
+    def target(self) -> GraphSpec:
+        return self.graphs["target"]
+
+    @property
+    def draft(self) -> GraphSpec | None:
+        return self.graphs.get("draft")
+
+
+def io_names(num_layers: int, has_hidden: bool) -> tuple[list[str], list[str]]:
+    """Graph input and output names for a model with ``num_layers`` layers."""
+    past = [f"past_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
+    new = [f"new_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
+    inputs = ["input_ids", "position_ids", "attention_mask", *past]
+    outputs = ["logits", *new] + (["hidden"] if has_hidden else [])
+    return inputs, outputs
+
+
+def _require(d: dict, key: str, where: str):
+    if key not in d:
+        raise EngineError(f"manifest.json: missing field {where}{key!r}")
+    return d[key]
+
+
+def _graph(root: Path, role: str, m: dict) -> GraphSpec:
+    where = f"models.{role}."
+    geo_fields = [f.name for f in fields(ModelGeometry)]
+    geo = ModelGeometry(**{k: _require(m, k, where) for k in geo_fields})
+    spec = GraphSpec(role=role, file=_require(m, "file", where), geometry=geo, dtype=_require(m, "dtype", where),
+                     has_hidden=bool(m.get("has_hidden", False)), shapes=_require(m, "shapes", where),
+                     inputs=_require(m, "inputs", where), outputs=_require(m, "outputs", where),
+                     vocab_sha256=_require(m, "vocab_sha256", where))
+    if not (root / spec.file).is_file():
+        raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
+    if spec.dtype not in ("fp32", "fp16"):
+        raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
+    want_in, want_out = io_names(geo.num_layers, spec.has_hidden)
+    if [i["name"] for i in spec.inputs] != want_in or [o["name"] for o in spec.outputs] != want_out:
+        raise EngineError(f"manifest.json: {where}inputs/outputs do not match the graph contract for "
+                          f"{geo.num_layers} layers (see docs/engine-format.md)")
+    return spec
+
+
+def load_manifest(engine_dir: str | Path) -> Manifest:
+    root = Path(engine_dir)
+    if not root.is_dir():
+        raise EngineError(f"engine dir {root} does not exist or is not a directory")
+    path = root / "manifest.json"
+    if not path.is_file():
+        raise EngineError(f"engine dir {root} has no manifest.json (export one with `specrt export`)")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise EngineError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise EngineError(f"{path} is not a specrt engine manifest (format != {FORMAT!r})")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise EngineError(f"{path}: schema_version {version!r} is not supported by this specrt "
+                          f"(supports {SCHEMA_VERSION}); re-export the engine or upgrade specrt")
+    models = _require(raw, "models", "")
+    if not isinstance(models, dict) or "target" not in models:
+        raise EngineError(f"{path}: models.target is missing")
+    unknown = set(models) - set(ROLES)
+    if unknown:
+        raise EngineError(f"{path}: unknown model roles {sorted(unknown)}; known: {list(ROLES)}")
+    graphs = {role: _graph(root, role, models[role]) for role in models}
+    tok = _require(raw, "tokenizer", "")
+    tok_dir = root / _require(tok, "dir", "tokenizer.")
+    if not (tok_dir / "tokenizer.json").is_file():
+        raise EngineError(f"engine dir {root}: tokenizer file {tok_dir / 'tokenizer.json'} is missing")
+    if "draft" in graphs:
+        check_vocab_match(graphs["target"], graphs["draft"])
+    return Manifest(root=root, graphs=graphs, tokenizer_dir=tok_dir,
+                    eos_token_ids=tuple(_require(tok, "eos_token_ids", "tokenizer.")),
+                    max_len=int(_require(raw, "max_len", "")), gamma=int(_require(raw, "gamma", "")),
+                    defaults=dict(raw.get("defaults", {})), raw=raw)
+
+
+def check_vocab_match(target: GraphSpec, draft: GraphSpec) -> None:
+    """A draft must score the same token ids as the target; otherwise p and q are not comparable."""
+    tv, dv = target.geometry.vocab_size, draft.geometry.vocab_size
+    if tv != dv:
+        raise EngineError(f"draft vocabulary differs from the target's: draft has {dv} logits, target {tv}")
+    if target.vocab_sha256 != draft.vocab_sha256:
+        raise EngineError("draft vocabulary differs from the target's: same size but different tokenizer "
+                          f"vocabularies (sha256 {draft.vocab_sha256[:12]} vs {target.vocab_sha256[:12]})")

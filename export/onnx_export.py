@@ -1,0 +1,221 @@
+"""Export local HF checkpoints to an engine dir: ONNX graphs, tokenizer, manifest.json.
+
+Every exported graph is run in ONNX Runtime against PyTorch on random inputs for each fixed
+shape (decode, chain verify, prefill, and a tree mask); the export fails if the largest
+absolute logits difference exceeds the tolerance for its dtype (``TOLERANCE``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, io_names, load_manifest, _graph
+from ..engines.ort import OrtEngine
+from .wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
+
+# Max |logits_ort - logits_torch| allowed at export, per dtype (logits of trained models are O(10)).
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+EXTERNAL_DATA_BYTES = 1 << 30  # models above 1 GiB store weights as external data (protobuf limit is 2 GiB)
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+@dataclass
+class ExportConfig:
+    """What `specrt export` builds."""
+
+    gamma: int = 4  # chain-verify draft length: verify shape is gamma + 1
+    max_len: int = 2048  # KV cache capacity (prompt + generated tokens)
+    dtype: str = "fp32"  # weights and K/V dtype in the graphs: fp32 | fp16
+    prefill_chunk: int = 128  # prompt tokens per prefill call
+    opset: int = 17  # ONNX opset for the (TorchScript-based) exporter
+    with_hidden: bool = False  # also output the last hidden state (Medusa/EAGLE heads need it)
+
+
+def load_hf(model_dir: str | Path, dtype: str = "fp32"):
+    """Load a local HF causal LM (never the hub)."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ExportError(f"{model_dir} is not a Hugging Face model dir (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype], local_files_only=True)
+    return model.eval()
+
+
+def vocab_sha256(tokenizer_json: Path) -> str:
+    """Hash of the token -> id map (added tokens included), independent of other tokenizer settings."""
+    tok = json.loads(tokenizer_json.read_text())
+    vocab = dict(tok["model"]["vocab"])
+    vocab.update({a["content"]: a["id"] for a in tok.get("added_tokens", [])})
+    return hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode()).hexdigest()
+
+
+def random_feeds(geo, dtype, past_len: int, q: int, mask: torch.Tensor | None = None, seed: int = 0):
+    """Random input_ids/positions/past for a parity check; ``mask`` [q, q] replaces the causal block."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, geo.vocab_size, (1, q), generator=g)
+    full = chain_mask(past_len, q, dtype)
+    if mask is not None:
+        full[0, 0, :, past_len:] = torch.where(mask, torch.zeros((), dtype=dtype), torch.tensor(MASK_MIN, dtype=dtype))
+        depth = mask.sum(-1) - 1
+        pos = (past_len + depth)[None]
+    else:
+        pos = torch.arange(past_len, past_len + q)[None]
+    past = [torch.randn(past_len, 1, geo.num_kv_heads, geo.head_dim, generator=g).to(dtype)
+            for _ in range(2 * geo.num_layers)]
+    return [ids, pos, full, *past]
+
+
+def example_tree_mask() -> torch.Tensor:
+    """An 8-node tree (root, 2 children, grandchildren) as a boolean ancestor-or-self mask."""
+    parents = [-1, 0, 0, 1, 1, 2, 3, 5]
+    m = torch.zeros(8, 8, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        m[i, i] = True
+        while p >= 0:
+            m[i, p] = True
+            p = parents[p]
+    return m
+
+
+def parity_cases(wrapper, geo, cfg: ExportConfig) -> dict:
+    """Random feeds and torch reference outputs for each fixed shape (decode, verify, prefill, tree).
+
+    Computed BEFORE tracing: tracing can leave a HF module in a state where later eager calls differ.
+    """
+    dtype = TORCH_DTYPES[cfg.dtype]
+    cases = {"decode": (17, 1, None), "verify": (17, cfg.gamma + 1, None),
+             "prefill": (0, min(37, cfg.prefill_chunk), None), "tree": (9, 8, example_tree_mask())}
+    out = {}
+    for name, (past, q, mask) in cases.items():
+        feeds = random_feeds(geo, dtype, past, q, mask)
+        with torch.no_grad():
+            out[name] = (feeds, [t.float().numpy() for t in wrapper(*feeds)])
+    return out
+
+
+def check_parity(session: OrtEngine, cases: dict, geo, dtype: str) -> dict:
+    """Max |ORT - torch| on logits and new K/V for each case; raises ExportError above tolerance."""
+    report = {}
+    for name, (feeds, ref) in cases.items():
+        got = session.run({n: t.numpy() for n, t in zip(session.input_names, feeds)})
+        diffs = [float(np.abs(got[n].astype(np.float32) - r).max()) for n, r in zip(session.output_names, ref)]
+        report[name] = {"logits": diffs[0], "kv": max(diffs[1:1 + 2 * geo.num_layers])}
+        if diffs[0] > TOLERANCE[dtype] or report[name]["kv"] > TOLERANCE[dtype]:
+            raise ExportError(f"parity check failed for shape {name!r} (Q={feeds[0].shape[1]}): max |ORT - torch| "
+                              f"logits {diffs[0]:.2e}, K/V {report[name]['kv']:.2e} > tolerance "
+                              f"{TOLERANCE[dtype]:.0e} ({dtype})")
+    return report
+
+
+def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
+    """Export one model to ``path``; returns its manifest entry (without role/tokenizer hash)."""
+    geo = geometry(model)
+    wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden)
+    inputs, outputs = io_names(geo.num_layers, cfg.with_hidden)
+    dtype = TORCH_DTYPES[cfg.dtype]
+    example = random_feeds(geo, dtype, past_len=3, q=2)
+    axes = {"input_ids": {0: "batch", 1: "query"}, "position_ids": {0: "batch", 1: "query"},
+            "attention_mask": {0: "batch", 2: "query", 3: "total"}, "logits": {0: "batch", 1: "query"}}
+    axes.update({n: {0: "past", 1: "batch"} for n in inputs[3:]})
+    axes.update({n: {0: "query", 1: "batch"} for n in outputs[1 : 1 + 2 * geo.num_layers]})
+    if cfg.with_hidden:
+        axes["hidden"] = {0: "batch", 1: "query"}
+    cases = parity_cases(wrapper, geo, cfg)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    t0 = time.time()
+    with torch.no_grad():
+        torch.onnx.export(wrapper, tuple(example), str(path), input_names=inputs, output_names=outputs,
+                          dynamic_axes=axes, opset_version=cfg.opset, dynamo=False)
+    if n_bytes > EXTERNAL_DATA_BYTES:
+        import onnx
+
+        proto = onnx.load(str(path))
+        onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data")
+    seconds = time.time() - t0
+    report = check_parity(OrtEngine(path), cases, geo, cfg.dtype)
+    kv = "float16" if cfg.dtype == "fp16" else "float32"
+    shape = {"input_ids": ["batch", "query"], "position_ids": ["batch", "query"],
+             "attention_mask": ["batch", 1, "query", "past+query"]}
+    in_specs = [{"name": n, "dtype": "int64" if n in ("input_ids", "position_ids") else kv,
+                 "shape": shape.get(n, ["past", "batch", geo.num_kv_heads, geo.head_dim])} for n in inputs]
+    out_specs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "query", geo.vocab_size]}]
+    out_specs += [{"name": n, "dtype": kv, "shape": ["query", "batch", geo.num_kv_heads, geo.head_dim]}
+                  for n in outputs[1:1 + 2 * geo.num_layers]]
+    if cfg.with_hidden:
+        out_specs.append({"name": "hidden", "dtype": kv, "shape": ["batch", "query", geo.hidden_size]})
+    return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
+            "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
+            "export_seconds": round(seconds, 1), "parity_max_abs_diff": report, "tolerance": TOLERANCE[cfg.dtype]}
+
+
+def eos_ids(model_dir: Path, model) -> list[int]:
+    ids = set()
+    for cfg in (model.config, getattr(model, "generation_config", None)):
+        e = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        ids.update([e] if isinstance(e, int) else (e or []))
+    return sorted(ids)
+
+
+def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print) -> Path:
+    """Export target (and draft) to ``out_dir``; validates and returns the engine dir."""
+    cfg = cfg or ExportConfig()
+    if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
+        raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
+                          f"dtype={cfg.dtype!r} (fp32|fp16)")
+    target_dir, out = Path(target_dir), Path(out_dir)
+    tok_src = target_dir / "tokenizer.json"
+    if not tok_src.is_file():
+        raise ExportError(f"{target_dir} has no tokenizer.json (a fast HF tokenizer is required)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer").mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target_dir / name).is_file():
+            shutil.copy(target_dir / name, out / "tokenizer" / name)
+    target_vocab = vocab_sha256(tok_src)
+    models, eos = {}, []
+    roles = [("target", target_dir)] + ([("draft", Path(draft_dir))] if draft_dir else [])
+    for role, src in roles:
+        model = load_hf(src, cfg.dtype)
+        vocab = target_vocab
+        if role == "draft":
+            if not (src / "tokenizer.json").is_file():
+                raise ExportError(f"draft {src} has no tokenizer.json: cannot check it shares the target's vocabulary")
+            vocab = vocab_sha256(src / "tokenizer.json")
+        log(f"exporting {role} {type(model).__name__} from {src} ...")
+        entry = export_graph(model, out / f"{role}.onnx", cfg)
+        shapes = {"decode": 1, "prefill": cfg.prefill_chunk}
+        if role == "target":
+            shapes["verify"] = cfg.gamma + 1
+            eos = eos_ids(src, model)
+        models[role] = {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}
+        p = entry["parity_max_abs_diff"]
+        log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, exported in {entry['export_seconds']} s; "
+            "max |ORT - torch| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
+            f" (tolerance {TOLERANCE[cfg.dtype]:.0e})")
+        del model
+    if "draft" in models:  # refuse before writing a manifest that load() would refuse
+        check_vocab_match(_graph(out, "target", models["target"]), _graph(out, "draft", models["draft"]))
+    manifest = {
+        "format": FORMAT, "schema_version": SCHEMA_VERSION, "specrt_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "max_len": cfg.max_len, "gamma": cfg.gamma,
+        "tokenizer": {"dir": "tokenizer", "eos_token_ids": eos, "vocab_sha256": target_vocab},
+        "defaults": {"method": "draft" if "draft" in models else "ngram", "gamma": None},
+        "models": models,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    load_manifest(out)
+    return out

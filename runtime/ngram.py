@@ -1,0 +1,59 @@
+"""N-gram / prompt-lookup matching: propose what followed the current suffix last time."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def find_continuation(tokens: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
+    """The reference matcher: a pure function (O(len * max_n); the runtime uses ``NGramIndex``).
+
+    For n from max_n down to min_n: take the last n tokens (the suffix); find its most recent
+    EARLIER occurrence; return up to k tokens that followed it. No match: [].
+
+    Worked example, tokens = [5, 1, 2, 3, 9, 1, 2], k = 3, max_n = 3:
+        n=3: suffix [9, 1, 2] occurs nowhere earlier
+        n=2: suffix [1, 2] occurred at positions 1..2; it was followed by [3, 9, 1]
+        -> [3, 9, 1]
+    >>> find_continuation([5, 1, 2, 3, 9, 1, 2], k=3, max_n=3)
+    [3, 9, 1]
+    """
+    t = list(tokens)
+    for n in range(min(max_n, len(t) - 1), min_n - 1, -1):
+        suffix = t[-n:]
+        for start in range(len(t) - n - 1, -1, -1):  # most recent earlier occurrence first
+            if t[start : start + n] == suffix:
+                return t[start + n : start + n + k]
+    return []
+
+
+class NGramIndex:
+    """Incremental version of ``find_continuation``: O(max_n) work per appended token and per lookup.
+
+    ``last_end[n][gram]`` is the end position (exclusive) of the most recent occurrence of
+    ``gram`` among the n-grams that END BEFORE the last token, so the suffix itself is never
+    its own match. Proposals equal ``find_continuation`` on the same tokens (tested).
+    """
+
+    def __init__(self, max_n: int = 4, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self.tokens: list[int] = []
+        self.last_end: dict[int, dict[tuple, int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.indexed = 0  # n-grams ending at positions < indexed are in the tables
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        self.tokens.extend(int(x) for x in new_tokens)
+        t = self.tokens
+        for end in range(self.indexed + 1, len(t)):  # grams ending before the last token
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.last_end[n][tuple(t[end - n : end])] = end
+        self.indexed = max(self.indexed, len(t) - 1)
+
+    def propose(self, k: int) -> list[int]:
+        t = self.tokens
+        for n in range(min(self.max_n, len(t) - 1), self.min_n - 1, -1):
+            end = self.last_end[n].get(tuple(t[-n:]))
+            if end is not None:
+                return t[end : end + k]
+        return []

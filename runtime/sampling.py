@@ -1,0 +1,120 @@
+"""Sampling parameters and THE function that turns logits into a sampling distribution.
+
+``probs`` is used for the target and for every proposer (draft model, heads): speculative
+decoding is exact only if p and q are processed identically (temperature, top-k, top-p, min-p).
+
+Filter semantics (applied in this order, as HF transformers' warpers do):
+    temperature  logits / T; T == 0 means greedy: a one-hot on the argmax (lowest id on ties)
+    top_k        keep tokens whose probability is >= the k-th largest (ties at the boundary kept)
+    top_p        keep token x if the mass of tokens strictly more probable than x is < top_p
+                 (the smallest top set reaching top_p; ties at the boundary kept)
+    min_p        keep tokens with probability >= min_p * max probability
+Then renormalise. top-p uses a partial sort (argpartition on a growing candidate set), never
+a full sort of the vocabulary; the result is exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class SamplingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy; > 0 scales logits
+    top_k: int = 0  # 0 = off; keep the k most probable tokens
+    top_p: float = 1.0  # in (0, 1]; 1 = off
+    min_p: float = 0.0  # in [0, 1); 0 = off
+    seed: int | None = None  # seeds the request's random stream (None: fresh entropy)
+    max_new_tokens: int = 64  # generation length limit
+    stop_token_ids: tuple = ()  # extra ids that end generation (besides the model's EOS)
+    stop: tuple = field(default_factory=tuple)  # strings that end generation (excluded from text)
+
+    def __post_init__(self):
+        t, k, p, mp = self.temperature, self.top_k, self.top_p, self.min_p
+        if not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+            raise SamplingError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0:
+            raise SamplingError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        if not isinstance(p, (int, float)) or not (0 < p <= 1):
+            raise SamplingError(f"top_p must be in (0, 1], got {p!r}")
+        if not isinstance(mp, (int, float)) or not (0 <= mp < 1):
+            raise SamplingError(f"min_p must be in [0, 1), got {mp!r}")
+        if not isinstance(self.max_new_tokens, (int, np.integer)) or self.max_new_tokens < 1:
+            raise SamplingError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
+            raise SamplingError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _top_p_threshold(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Per row, the smallest probability kept by top-p. p: [N, V] normalised; returns [N, 1]."""
+    n, v = p.shape
+    k = min(v, 64)
+    while True:
+        part = np.argpartition(-p, k - 1, axis=-1)[:, :k] if k < v else np.broadcast_to(np.arange(v), (n, v))
+        top = np.take_along_axis(p, part, axis=-1)  # [N, k]
+        top = -np.sort(-top, axis=-1)  # [N, k] descending, only k elements sorted
+        before = np.cumsum(top, axis=-1) - top  # [N, k] mass strictly before each sorted entry
+        # mass of tokens strictly more probable than top[j]: `before` at the first entry equal to top[j]
+        first_equal = np.maximum.accumulate(np.where(np.diff(top, prepend=np.inf, axis=-1) != 0,
+                                                     np.arange(k), 0), axis=-1)
+        strictly_before = np.take_along_axis(before, first_equal, axis=-1)  # [N, k]
+        kept = strictly_before < top_p
+        enough = ~kept[:, -1] | (k == v)  # the last candidate is already cut: the set is complete
+        if enough.all():
+            last = kept.sum(-1) - 1  # [N] index of the smallest kept entry
+            return top[np.arange(n), last][:, None]
+        k = min(v, 4 * k)
+
+
+def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Sampling distribution for each row. logits: [..., V] -> probabilities float64 [..., V]."""
+    x = np.asarray(logits, dtype=np.float64)
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])  # [N, V]
+    if params.greedy:
+        out = np.zeros_like(x)
+        out[np.arange(len(x)), x.argmax(-1)] = 1.0
+        return out.reshape(shape)
+    x = x / params.temperature
+    x = x - x.max(-1, keepdims=True)
+    p = np.exp(x)
+    p /= p.sum(-1, keepdims=True)  # [N, V]
+    if 0 < params.top_k < p.shape[-1]:
+        kth = -np.partition(-p, params.top_k - 1, axis=-1)[:, params.top_k - 1:params.top_k]  # [N, 1]
+        p = np.where(p >= kth, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    if params.top_p < 1.0:
+        p = np.where(p >= _top_p_threshold(p, params.top_p), p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    if params.min_p > 0:
+        p = np.where(p >= params.min_p * p.max(-1, keepdims=True), p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return p.reshape(shape)
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row by inverse CDF. p: [N, V] (need not be normalised) -> int64 [N]."""
+    cdf = np.cumsum(p, axis=-1)  # [N, V]
+    u = rng.random(len(p)) * cdf[:, -1]  # [N]
+    idx = (cdf <= u[:, None]).sum(-1)  # [N] first index with cdf > u
+    return np.minimum(idx, p.shape[-1] - 1).astype(np.int64)
+
+
+def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Choose one token from one row of logits [V] under ``params``."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    return int(sample(probs(logits[None], params), rng)[0])

@@ -1,0 +1,80 @@
+"""Statistical exactness harness: do emitted tokens follow the target's distribution?
+
+Runs many seeded generations of 3 tokens and compares the empirical distribution of the
+2nd token and of the 3rd token (the ones speculation produces: the 1st comes from the
+prefill) and of the (1st, 2nd) pair with the exact distributions computed directly from the
+target in PyTorch with the float64 reference sampling filter. Chi-square goodness of fit,
+bins with expected count < 5 merged; a test fails below P_MIN, so the false-failure rate
+of one check is 1e-4 (and the seeds are fixed, so a run is deterministic).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from scipy import stats as sps
+
+from test_sampling import reference_probs
+
+P_MIN = 1e-4
+
+
+def exact_joint(model, prompt: list[int], sampling: dict, vocab: int) -> np.ndarray:
+    """P[t1, t2, t3] of the target under ``sampling`` (no EOS: the test models have none)."""
+    ref = {"temperature": 1.0, **{k: v for k, v in sampling.items() if k in ("temperature", "top_k", "top_p", "min_p")}}
+
+    def dist(seqs):
+        with torch.no_grad():
+            logits = model(torch.tensor(seqs)).logits[:, -1].double().numpy()
+        return reference_probs(logits, **ref)
+
+    p1 = dist([prompt])[0]  # [V]
+    p2 = dist([prompt + [a] for a in range(vocab)])  # [V, V]
+    pairs = list(itertools.product(range(vocab), repeat=2))
+    p3 = dist([prompt + [a, b] for a, b in pairs]).reshape(vocab, vocab, vocab)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    counts, probs = counts.ravel().astype(float), probs.ravel()
+    n = counts.sum()
+    order = np.argsort(probs)
+    exp, obs = probs[order] * n, counts[order]
+    if obs[exp == 0].sum() > 0:
+        return 0.0  # a token the target never emits
+    # merge the smallest bins until every merged bin expects >= 5
+    merged_e, merged_o, acc_e, acc_o = [], [], 0.0, 0.0
+    for e, o in zip(exp, obs):
+        acc_e += e
+        acc_o += o
+        if acc_e >= 5:
+            merged_e.append(acc_e)
+            merged_o.append(acc_o)
+            acc_e = acc_o = 0.0
+    if acc_e > 0:
+        merged_e[-1] += acc_e
+        merged_o[-1] += acc_o
+    if len(merged_e) < 2:
+        return 1.0
+    return float(sps.chisquare(merged_o, merged_e).pvalue)
+
+
+def run_trials(rt, prompt, trials: int, vocab: int, **gen) -> tuple[np.ndarray, dict]:
+    """Counts [V, V, V] of emitted (t1, t2, t3) over seeds 0..trials-1, and summed proposed/accepted."""
+    counts = np.zeros((vocab, vocab, vocab))
+    totals = {"proposed": 0, "accepted": 0}
+    for seed in range(trials):
+        out = rt.generate(prompt, max_new_tokens=3, seed=seed, **gen)
+        t = out.token_ids
+        assert len(t) == 3, t
+        counts[t[0], t[1], t[2]] += 1
+        for k in totals:
+            totals[k] += out.stats.get(k, 0)
+    return counts, totals
+
+
+def p_values(counts: np.ndarray, joint: np.ndarray) -> dict:
+    return {"t2": chi2_p(counts.sum((0, 2)), joint.sum((0, 2))),
+            "t3": chi2_p(counts.sum((0, 1)), joint.sum((0, 1))),
+            "t1t2": chi2_p(counts.sum(2), joint.sum(2))}

@@ -1,0 +1,59 @@
+"""The `specrt` command end to end (click's runner, in-process)."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specrt.tools.cli import cli
+from tiny import make_model
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return CliRunner()
+
+
+def test_export_then_generate(runner, tmp_path):
+    t = make_model(tmp_path / "t", scale=20.0)
+    d = make_model(tmp_path / "d", seed=1, hidden=16, layers=1, scale=20.0)
+    res = runner.invoke(cli, ["export", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "e"),
+                              "--gamma", "3", "--max-len", "64"])
+    assert res.exit_code == 0, res.output
+    assert "max |ORT - torch|" in res.output and (tmp_path / "e" / "manifest.json").is_file()
+    res = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "hello", "--max-new-tokens", "8",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert set(out) >= {"token_ids", "text", "stats"} and out["stats"]["method"] == "draft"
+    plain = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "hello", "--max-new-tokens", "8",
+                                "--method", "none", "--json"])
+    assert json.loads(plain.output)["token_ids"] == out["token_ids"]
+    res = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "hello", "--max-new-tokens", "8"])
+    assert res.exit_code == 0 and "tokens/pass" in res.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "-1"], "temperature must be"),
+    (["--top-p", "2"], "top_p must be"),
+    (["--method", "bogus"], "unknown method"),
+])
+def test_generate_bad_arguments(runner, llama_engine, args, message):
+    res = runner.invoke(cli, ["generate", str(llama_engine), "--prompt", "hi", *args])
+    assert res.exit_code != 0 and message in res.output
+
+
+def test_generate_bad_engine_dir(runner, tmp_path):
+    res = runner.invoke(cli, ["generate", str(tmp_path), "--prompt", "hi"])
+    assert res.exit_code != 0 and "no manifest.json" in res.output and "Traceback" not in res.output
+
+
+def test_export_unsupported_architecture(runner, tmp_path):
+    import transformers as tf
+
+    cfg = tf.GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32)
+    tf.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    from tiny import make_tokenizer
+    make_tokenizer(tmp_path / "neox", 32)
+    res = runner.invoke(cli, ["export", "--target", str(tmp_path / "neox"), "--out", str(tmp_path / "e")])
+    assert res.exit_code != 0 and "not supported; supported: LlamaForCausalLM" in res.output

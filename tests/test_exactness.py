@@ -1,0 +1,95 @@
+"""Speculative decoding emits tokens distributed exactly as the target's (statistical tests)."""
+import numpy as np
+import pytest
+
+import specrt
+from specrt.export.onnx_export import load_hf
+from specrt.runtime import decode
+from specrt.runtime.sampling import sample
+from stat_harness import P_MIN, exact_joint, p_values, run_trials
+
+V = 16
+TRIALS = 2500
+TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
+DRAFTS = {
+    "weak": dict(arch="llama", vocab_size=V, seed=1, hidden=16, layers=1, scale=10.0, eos_token_id=None),
+    "disagree": dict(arch="llama", vocab_size=V, seed=2, hidden=16, layers=1, scale=40.0, eos_token_id=None),
+    "identical": TARGET,
+}
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+NGRAM_PROMPT = [3, 1, 4, 3, 1, 4, 3, 1, 4, 3, 1]  # repeats: prompt lookup proposes
+
+
+@pytest.fixture(scope="module")
+def engines(build_engine):
+    return {name: build_engine(f"exact_{name}", TARGET, draft, gamma=3, max_len=32) for name, draft in DRAFTS.items()}
+
+
+@pytest.fixture(scope="module")
+def target_model(engines):
+    return load_hf(engines["weak"].parent / "target")
+
+
+CASES = [
+    ("weak", dict(temperature=1.0)),
+    ("weak", dict(temperature=0.7)),
+    ("weak", dict(temperature=1.0, top_k=4)),
+    ("weak", dict(temperature=1.0, top_p=0.8)),
+    ("weak", dict(temperature=1.0, min_p=0.1)),
+    ("disagree", dict(temperature=1.0)),
+    ("identical", dict(temperature=1.0)),
+]
+
+
+@pytest.mark.parametrize("draft,sampling", CASES, ids=lambda x: str(x))
+def test_draft_model_is_exact(engines, target_model, draft, sampling):
+    rt = specrt.load(engines[draft])
+    counts, totals = run_trials(rt, PROMPT, TRIALS, V, method="draft", gamma=2, **sampling)
+    pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    alpha = totals["accepted"] / totals["proposed"]
+    if draft == "identical":
+        assert alpha > 0.99  # p == q: (almost) everything is accepted
+    if draft == "disagree":
+        assert alpha < 0.5
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)], ids=str)
+def test_ngram_is_exact(engines, target_model, sampling):
+    rt = specrt.load(engines["weak"])
+    counts, totals = run_trials(rt, NGRAM_PROMPT, TRIALS, V, method="ngram", gamma=3, **sampling)
+    pv = p_values(counts, exact_joint(target_model, NGRAM_PROMPT, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["proposed"] > TRIALS / 20 and totals["accepted"] > 0  # speculation really ran
+
+
+def test_adaptive_gamma_is_exact(engines, target_model):
+    rt = specrt.load(engines["weak"])
+    counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="draft", temperature=1.0)
+    assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) > P_MIN
+
+
+def naive_argmax_rule(tokens, q, p, rng):
+    """WRONG: accept a proposal if it is the target's argmax, else emit a sample from p."""
+    for i, x in enumerate(tokens):
+        if p[i].argmax() != x:
+            return i, int(sample(p[i][None], rng)[0])
+    return len(tokens), int(sample(p[len(tokens)][None], rng)[0])
+
+
+def resample_from_p_rule(tokens, q, p, rng):
+    """WRONG: the right acceptance test, but on rejection sample from p instead of the residual."""
+    x = np.asarray(tokens)
+    accept = rng.random(len(x)) * q[np.arange(len(x)), x] < p[np.arange(len(x)), x]
+    n = int(np.argmin(accept)) if not accept.all() else len(x)
+    return n, int(sample(p[n][None], rng)[0])
+
+
+@pytest.mark.parametrize("rule", [naive_argmax_rule, resample_from_p_rule], ids=lambda r: r.__name__)
+def test_harness_has_power_against_wrong_rules(engines, target_model, monkeypatch, rule):
+    """The same harness must FAIL a biased verifier: otherwise the tests above prove nothing."""
+    monkeypatch.setattr(decode, "verify_sampled", rule)
+    rt = specrt.load(engines["weak"])
+    counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="draft", gamma=2, temperature=1.0)
+    pv = p_values(counts, exact_joint(target_model, PROMPT, {}, V))
+    assert min(pv.values()) < P_MIN, pv

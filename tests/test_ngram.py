@@ -1,0 +1,30 @@
+import doctest
+
+import numpy as np
+
+from specrt.runtime import ngram
+from specrt.runtime.ngram import NGramIndex, find_continuation
+
+
+def test_docstring_example():
+    assert doctest.testmod(ngram).failed == 0
+
+
+def test_index_equals_reference_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        toks = rng.integers(0, 4, size=rng.integers(1, 60)).tolist()
+        idx = NGramIndex(max_n=3, min_n=1)
+        pos = 0
+        while pos < len(toks):  # extend in random chunk sizes, as rounds do
+            step = int(rng.integers(1, 5))
+            idx.extend(toks[pos : pos + step])
+            pos += step
+            k = int(rng.integers(1, 6))
+            assert idx.propose(k) == find_continuation(toks[:pos], k, max_n=3, min_n=1)
+
+
+def test_no_match_and_prefers_longest():
+    assert find_continuation([1, 2, 3], k=2) == []
+    # suffix [1, 2]: longest match wins over the more recent [2]
+    assert find_continuation([1, 2, 9, 5, 2, 7, 1, 2], k=1, max_n=2) == [9]

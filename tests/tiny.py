@@ -1,0 +1,50 @@
+"""Tiny models with random weights and a character tokenizer, built inside the test run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+CHARS = "abcdefghijklmnopqrstuvwxyz .,:()=\n"
+
+
+def make_tokenizer(out: Path, vocab_size: int) -> None:
+    """A character-level fast tokenizer with ``vocab_size`` ids (id 0 is <eos>)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (CHARS + "".join(chr(0x100 + i) for i in range(vocab_size)))[: vocab_size - 1]
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<eos>"))
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<eos>")
+    fast.save_pretrained(out)
+
+
+def make_model(out: Path, arch: str = "llama", vocab_size: int = 32, hidden: int = 32, layers: int = 2,
+               seed: int = 0, max_pos: int = 256, tokenizer: bool = True, scale: float = 1.0,
+               eos_token_id: int | None = 0) -> Path:
+    """Save a random-weight HF causal LM of family ``arch`` to ``out``; returns ``out``.
+
+    ``scale`` multiplies the output embedding so logits are peaked (scale > 1) or flat (< 1).
+    """
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=eos_token_id, pad_token_id=0)
+    if arch == "gpt2":
+        cfg = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_pos, **common)
+        model = tf.GPT2LMHeadModel(cfg)
+    else:
+        cls_cfg, cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[arch]
+        cfg = cls_cfg(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+                      tie_word_embeddings=False, **common)
+        model = cls(cfg)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    model.save_pretrained(out)
+    if tokenizer:
+        make_tokenizer(out, vocab_size)
+    return out
