@@ -86,7 +86,7 @@ def calibrate(target: CachedModel, draft: CachedModel | None, gamma_max: int, to
         shapes = [q for q in shapes if q <= model.cache.room]
         for rep in range(reps + 1):
             if rep == 1:
-                model.latency.clear()
+                model.clear_latency()
             for q in shapes:
                 model.forward(np.full(q, token))
                 model.rollback(start)

@@ -37,13 +37,16 @@ class GammaController:
     decay: float = 0.9  # weight kept per round by the α estimate
     prior_alpha: float = 0.6  # α assumed before any round (weight of one round)
     probe_every: int = 8  # rounds at γ = 0 between probe rounds at γ = 1
-    _accepted: float = 0.6
-    _rejected: float = 0.4
-    _idle_rounds: int = 0
+    state: tuple | None = None  # (accepted, rejected) decayed counts carried over from earlier requests
     history: list = field(default_factory=list)  # γ chosen per round
 
     def __post_init__(self):
-        self._accepted, self._rejected = self.prior_alpha, 1.0 - self.prior_alpha
+        self._accepted, self._rejected = self.state or (self.prior_alpha, 1.0 - self.prior_alpha)
+        self._idle_rounds = 0
+
+    def export_state(self) -> tuple:
+        """The α evidence, to seed the next request's controller (acceptance is a property of the pair)."""
+        return (self._accepted, self._rejected)
 
     @property
     def alpha(self) -> float:

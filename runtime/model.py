@@ -1,7 +1,9 @@
 """One graph and its KV cache: feed tokens at the next positions, get their logits."""
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 
 import numpy as np
 
@@ -15,8 +17,8 @@ NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 class CachedModel:
     """An ``Engine`` plus the runtime-owned cache of one sequence (batch 1).
 
-    ``latency[q]`` is an EWMA of the measured seconds of one call with q new tokens: the
-    adaptive-γ controller and `specrt profile` read it.
+    ``latency[q]`` is the median measured seconds of the last 16 calls with q new tokens (a
+    median, so one slow call on a busy machine does not swing the adaptive-γ controller).
     """
 
     def __init__(self, engine, spec: GraphSpec, max_len: int):
@@ -26,7 +28,8 @@ class CachedModel:
         self.dtype = NP_DTYPES[spec.dtype]
         self.cache = KVCache(g.num_layers, g.num_kv_heads, g.head_dim, max_len, dtype=self.dtype)
         self.prefill_chunk = int(spec.shapes.get("prefill", 128))
-        self.latency: dict[int, float] = {}
+        self.latency: dict[int, float] = {}  # q -> median seconds of recent calls
+        self._recent: dict[int, deque] = {}  # q -> last 16 call times
         self.calls = 0
         self.engine_seconds = 0.0
 
@@ -43,8 +46,9 @@ class CachedModel:
         ids = np.asarray(ids, dtype=np.int64)
         q, past = len(ids), self.cache.length
         mask = np.zeros((1, 1, q, past + q), dtype=self.dtype)  # [1, 1, Q, P+Q]
-        block = tree_mask if tree_mask is not None else np.tri(q, dtype=bool)
-        mask[0, 0, :, past:] = np.where(block, 0, MASK_MIN)
+        if q > 1 or tree_mask is not None:
+            block = tree_mask if tree_mask is not None else np.tri(q, dtype=bool)  # [Q, Q] attend
+            mask[0, 0, :, past:] = np.where(block, 0, MASK_MIN)
         offsets = depths if depths is not None else np.arange(q)
         feeds = {"input_ids": ids[None], "position_ids": (past + np.asarray(offsets, dtype=np.int64))[None],
                  "attention_mask": mask, **self.cache.feeds()}
@@ -53,7 +57,9 @@ class CachedModel:
         dt = time.perf_counter() - t0
         self.engine_seconds += dt
         self.calls += 1
-        self.latency[q] = dt if q not in self.latency else 0.8 * self.latency[q] + 0.2 * dt
+        recent = self._recent.setdefault(q, deque(maxlen=16))
+        recent.append(dt)
+        self.latency[q] = statistics.median(recent)
         self.cache.append(out)
         self.last_outputs = out
         return out["logits"][0]
@@ -65,6 +71,10 @@ class CachedModel:
         for i in range(0, len(ids), self.prefill_chunk):
             logits = self.forward(ids[i : i + self.prefill_chunk])
         return logits[-1]
+
+    def clear_latency(self) -> None:
+        self.latency.clear()
+        self._recent.clear()
 
     def prefill_calls(self, n_tokens: int) -> int:
         return -(-n_tokens // self.prefill_chunk)

@@ -74,6 +74,7 @@ class Runtime:
         self.eos_ids = set(manifest.eos_token_ids)
         self.gamma_max = manifest.gamma
         self.calibrated = False
+        self.alpha_state: dict = {}  # method -> α evidence carried across requests (GammaController.state)
 
     @classmethod
     def load(cls, engine_dir: str | Path, backend: str = "ort", **engine_options) -> "Runtime":
@@ -170,7 +171,7 @@ class Runtime:
         if method != "none":
             proposer = DraftModelProposer(self.draft) if method == "draft" else NGramProposer()
             proposer.reset(ids)
-            controller = GammaController(self.gamma_max, fixed=gamma)
+            controller = GammaController(self.gamma_max, fixed=gamma, state=self.alpha_state.get(method))
             steps = speculative_decode(self.target, proposer, controller, ids, params, rng, stats,
                                        budget=lambda: limit - len(out), cost=lambda g: self.cost(g, proposer))
         else:
@@ -197,6 +198,8 @@ class Runtime:
             holder["text"] += tail
             yield StreamEvent(None, tail)
         holder["finish_reason"] = finish
+        if controller is not None:
+            self.alpha_state[method] = controller.export_state()
         holder["stats"] = self.stats_for(stats, out, method, controller, proposer, time.perf_counter() - t0,
                                          self._engine_seconds() - engine_s0)
 

@@ -14,25 +14,28 @@ class IncrementalDetokenizer:
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
+        self.prefix_text = ""  # decode(ids[prefix_offset:read_offset]), kept to decode once per token
 
     def _decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         self.ids.append(int(token_id))
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+        if len(full) > len(self.prefix_text) and not full.endswith("\ufffd"):
+            delta = full[len(self.prefix_text) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return full[len(prefix) :]
+            self.prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            return delta
         return ""
 
     def flush(self) -> str:
         """Whatever is still held (e.g. an incomplete character at the end)."""
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
+        delta = full[len(self.prefix_text) :]
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix) :]
+        self.prefix_text = ""
+        return delta
 
 
 class StopMatcher:
