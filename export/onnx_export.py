@@ -10,7 +10,7 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ import torch
 from .. import __version__
 from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, io_names, load_manifest, _graph
 from ..engines.ort import OrtEngine
+from .medusa_heads import export_heads_graph
 from .wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
 
 # Max |logits_ort - logits_torch| allowed at export, per dtype (logits of trained models are O(10)).
@@ -41,6 +42,7 @@ class ExportConfig:
     prefill_chunk: int = 128  # prompt tokens per prefill call
     opset: int = 17  # ONNX opset for the (TorchScript-based) exporter
     with_hidden: bool = False  # also output the last hidden state (Medusa/EAGLE heads need it)
+    tree_mask: object = None  # bool [N, N] of an exported tree: adds a parity case at the tree-verify shape
 
 
 def load_hf(model_dir: str | Path, dtype: str = "fp32"):
@@ -98,6 +100,9 @@ def parity_cases(wrapper, geo, cfg: ExportConfig) -> dict:
     dtype = TORCH_DTYPES[cfg.dtype]
     cases = {"decode": (17, 1, None), "verify": (17, cfg.gamma + 1, None),
              "prefill": (0, min(37, cfg.prefill_chunk), None), "tree": (9, 8, example_tree_mask())}
+    if cfg.tree_mask is not None:
+        mask = torch.from_numpy(np.asarray(cfg.tree_mask, dtype=bool))
+        cases["tree_verify"] = (17, len(mask), mask)
     out = {}
     for name, (past, q, mask) in cases.items():
         feeds = random_feeds(geo, dtype, past, q, mask)
@@ -113,7 +118,9 @@ def check_parity(session: OrtEngine, cases: dict, geo, dtype: str) -> dict:
         got = session.run({n: t.numpy() for n, t in zip(session.input_names, feeds)})
         diffs = [float(np.abs(got[n].astype(np.float32) - r).max()) for n, r in zip(session.output_names, ref)]
         report[name] = {"logits": diffs[0], "kv": max(diffs[1:1 + 2 * geo.num_layers])}
-        if diffs[0] > TOLERANCE[dtype] or report[name]["kv"] > TOLERANCE[dtype]:
+        if "hidden" in session.output_names:
+            report[name]["hidden"] = diffs[-1]
+        if max(report[name].values()) > TOLERANCE[dtype]:
             raise ExportError(f"parity check failed for shape {name!r} (Q={feeds[0].shape[1]}): max |ORT - torch| "
                               f"logits {diffs[0]:.2e}, K/V {report[name]['kv']:.2e} > tolerance "
                               f"{TOLERANCE[dtype]:.0e} ({dtype})")
@@ -169,8 +176,14 @@ def eos_ids(model_dir: Path, model) -> list[int]:
     return sorted(ids)
 
 
-def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print) -> Path:
-    """Export target (and draft) to ``out_dir``; validates and returns the engine dir."""
+def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print,
+                  medusa_dir=None, tree=None) -> Path:
+    """Export target (and draft) to ``out_dir``; validates and returns the engine dir.
+
+    With ``medusa_dir`` (a heads dir from `specrt train medusa`) and ``tree`` (a compiled
+    ``runtime.tree.Tree``), the target also outputs ``hidden``, gets the tree-verify shape
+    Q = tree.size, and the heads are exported as their own graph (export/medusa_heads.py).
+    """
     cfg = cfg or ExportConfig()
     if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
         raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
@@ -185,6 +198,7 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         if (target_dir / name).is_file():
             shutil.copy(target_dir / name, out / "tokenizer" / name)
     target_vocab = vocab_sha256(tok_src)
+    heads_cfg = _check_medusa(medusa_dir, tree) if medusa_dir else None
     models, eos = {}, []
     roles = [("target", target_dir)] + ([("draft", Path(draft_dir))] if draft_dir else [])
     for role, src in roles:
@@ -194,18 +208,28 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
             if not (src / "tokenizer.json").is_file():
                 raise ExportError(f"draft {src} has no tokenizer.json: cannot check it shares the target's vocabulary")
             vocab = vocab_sha256(src / "tokenizer.json")
+        role_cfg = cfg
+        if role == "target" and heads_cfg:
+            from .medusa_heads import check_heads_match
+
+            geo = geometry(model)
+            check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab, where=f"heads {medusa_dir}")
+            role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         log(f"exporting {role} {type(model).__name__} from {src} ...")
-        entry = export_graph(model, out / f"{role}.onnx", cfg)
+        entry = export_graph(model, out / f"{role}.onnx", role_cfg)
         shapes = {"decode": 1, "prefill": cfg.prefill_chunk}
         if role == "target":
             shapes["verify"] = cfg.gamma + 1
             eos = eos_ids(src, model)
+            if heads_cfg:
+                shapes["tree_verify"] = tree.size
         models[role] = {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}
         p = entry["parity_max_abs_diff"]
         log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, exported in {entry['export_seconds']} s; "
             "max |ORT - torch| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
             f" (tolerance {TOLERANCE[cfg.dtype]:.0e})")
         del model
+    medusa = _export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
     if "draft" in models:  # refuse before writing a manifest that load() would refuse
         check_vocab_match(_graph(out, "target", models["target"]), _graph(out, "draft", models["draft"]))
     manifest = {
@@ -213,9 +237,40 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "max_len": cfg.max_len, "gamma": cfg.gamma,
         "tokenizer": {"dir": "tokenizer", "eos_token_ids": eos, "vocab_sha256": target_vocab},
-        "defaults": {"method": "draft" if "draft" in models else "ngram", "gamma": None},
+        "defaults": {"method": "draft" if "draft" in models else ("medusa" if medusa else "ngram"), "gamma": None},
         "models": models,
     }
+    if medusa:
+        manifest["medusa"] = medusa
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     load_manifest(out)
     return out
+
+
+def _check_medusa(medusa_dir, tree):
+    """Fail before any export if the heads dir is unusable or too shallow for the tree."""
+    from .medusa_heads import HeadsError, read_heads_config
+
+    if tree is None:
+        raise ExportError("exporting Medusa heads needs a tree (--tree NAME|FILE)")
+    try:
+        heads_cfg, _ = read_heads_config(medusa_dir)
+    except HeadsError as e:
+        raise ExportError(str(e)) from None
+    if tree.depth > heads_cfg.num_heads:
+        raise ExportError(f"tree {tree.name!r} is {tree.depth} deep but {medusa_dir} has only "
+                          f"{heads_cfg.num_heads} heads (a depth-d node is a candidate of head d)")
+    return heads_cfg
+
+
+def _export_medusa(medusa_dir, tree, out: Path, cfg: ExportConfig, log) -> dict:
+    """Export the heads graph beside the target; returns the manifest's ``medusa`` section."""
+    from .medusa_heads import load_heads
+
+    heads, raw = load_heads(medusa_dir)
+    log(f"exporting medusa heads ({heads.cfg.num_heads} heads) from {medusa_dir}, tree {tree.name!r} "
+        f"({tree.size} nodes, depth {tree.depth}) ...")
+    section = export_heads_graph(heads, out / "medusa.onnx", cfg.dtype, cfg.opset)
+    log(f"  medusa: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
+    return {**section, "tree": tree.to_json(), "source": str(Path(medusa_dir).resolve()),
+            "accuracy": raw.get("accuracy")}

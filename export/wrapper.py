@@ -36,7 +36,8 @@ SUPPORTED_ARCHITECTURES = {
     "GPT2LMHeadModel": "GPT-2",
 }
 
-MASK_MIN = -1e9  # additive value for masked positions (finite, so fp16 graphs stay NaN-free)
+MASK_MIN = -65504.0  # additive value for masked positions: float16's most negative finite value, so the
+# same mask works in fp16 and fp32 graphs (exp(-65504) is 0 in both)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -10,7 +10,7 @@ import numpy as np
 from ..engines.manifest import GraphSpec
 from .kv_cache import KVCache
 
-MASK_MIN = -1e9  # additive mask value for masked positions (matches export/wrapper.py)
+MASK_MIN = -65504.0  # additive mask value for masked positions (matches export/wrapper.py)
 NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}
 
 

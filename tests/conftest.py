@@ -25,13 +25,14 @@ def build_engine(tmp_path_factory):
 
     cache: dict = {}
 
-    def build(name, target, draft=None, gamma=4, max_len=64, prefill_chunk=16):
+    def build(name, target, draft=None, gamma=4, max_len=64, prefill_chunk=16, dtype="fp32"):
         if name not in cache:
             root = tmp_path_factory.mktemp(name)
             t = make_model(root / "target", **target)
             d = make_model(root / "draft", **draft) if draft else None
             cache[name] = export_engine(t, root / "engine", draft_dir=d, log=lambda *_: None,
-                                        cfg=ExportConfig(gamma=gamma, max_len=max_len, prefill_chunk=prefill_chunk))
+                                        cfg=ExportConfig(gamma=gamma, max_len=max_len, prefill_chunk=prefill_chunk,
+                                                                     dtype=dtype))
         return cache[name]
 
     return build

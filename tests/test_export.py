@@ -1,4 +1,6 @@
 """Export parity (ORT vs PyTorch) and greedy generation equal to HF transformers, per architecture."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -99,3 +101,16 @@ def test_unsupported_architecture_named(tmp_path):
                            intermediate_size=32)
     with pytest.raises(UnsupportedArchitecture, match="LlamaForCausalLM.*Qwen2ForCausalLM"):
         check_architecture(tf.GPTNeoXForCausalLM(cfg))
+
+
+def test_fp16_export(build_engine):
+    """fp16 graphs pass the export parity check (tolerance 5e-2) and decode like fp32 on a peaked model."""
+    import specrt
+
+    fp32 = build_engine("fp32_peaked", dict(arch="llama", scale=40.0))
+    fp16 = build_engine("fp16_peaked", dict(arch="llama", scale=40.0), dtype="fp16")
+    m = json.loads((fp16 / "manifest.json").read_text())["models"]["target"]
+    assert m["dtype"] == "fp16" and m["inputs"][3]["dtype"] == "float16"
+    a = specrt.load(fp32).generate([3, 1, 4], max_new_tokens=10, method="none").token_ids
+    b = specrt.load(fp16).generate([3, 1, 4], max_new_tokens=10, method="ngram").token_ids
+    assert a == b
