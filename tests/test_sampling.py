@@ -20,8 +20,10 @@ def reference_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
             kth = np.sort(p)[::-1][min(top_k, len(p)) - 1]
             p = np.where(p >= kth, p, 0)
             p /= p.sum()
-        if top_p < 1:
-            keep = np.array([p[p > v].sum() < top_p for v in p])
+        if top_p < 1:  # keep x if the mass of tokens strictly more probable than x is < top_p
+            _, group = np.unique(-p, return_inverse=True)  # tie groups, most probable first
+            group_mass = np.bincount(group, weights=p)
+            keep = (np.cumsum(group_mass) - group_mass)[group] < top_p
             p = np.where(keep, p, 0)
             p /= p.sum()
         if min_p:
