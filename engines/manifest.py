@@ -45,6 +45,20 @@ class GraphSpec:
 
 
 @dataclass(frozen=True)
+class MedusaSpec:
+    """The optional Medusa heads graph, as recorded in the manifest's top-level ``medusa`` section."""
+
+    file: str  # ONNX file name of the heads graph, relative to the engine dir
+    num_heads: int  # K: head k predicts the token k+1 positions after the hidden state's position
+    hidden_size: int  # H: width of the `hidden` input (the target's hidden size)
+    vocab_size: int  # V: width of each head's logits (the target's vocabulary)
+    dtype: str  # "fp32" | "fp16": dtype of the `hidden` input (logits are always fp32)
+    tree: dict  # the exported candidate tree: {"name", "nodes", "depth", "choices"} (Medusa paths)
+    inputs: list  # [{"name": "hidden", ...}]
+    outputs: list  # [{"name": "medusa_logits", ...}]
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A validated engine dir."""
 
@@ -56,6 +70,7 @@ class Manifest:
     gamma: int  # exported chain-verify draft length (verify shape = gamma + 1)
     defaults: dict = field(default_factory=dict)  # runtime defaults, e.g. {"method": "draft"}
     raw: dict = field(default_factory=dict)  # the manifest as read
+    medusa: MedusaSpec | None = None  # Medusa heads graph and tree, when exported with --medusa
 
     @property
     def target(self) -> GraphSpec:
@@ -130,10 +145,31 @@ def load_manifest(engine_dir: str | Path) -> Manifest:
         raise EngineError(f"engine dir {root}: tokenizer file {tok_dir / 'tokenizer.json'} is missing")
     if "draft" in graphs:
         check_vocab_match(graphs["target"], graphs["draft"])
+    medusa = _medusa(root, raw["medusa"], graphs["target"]) if raw.get("medusa") else None
     return Manifest(root=root, graphs=graphs, tokenizer_dir=tok_dir,
                     eos_token_ids=tuple(_require(tok, "eos_token_ids", "tokenizer.")),
                     max_len=int(_require(raw, "max_len", "")), gamma=int(_require(raw, "gamma", "")),
-                    defaults=dict(raw.get("defaults", {})), raw=raw)
+                    defaults=dict(raw.get("defaults", {})), raw=raw, medusa=medusa)
+
+
+def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
+    """Validate the optional ``medusa`` section against the target graph it reads from."""
+    spec = MedusaSpec(**{f.name: _require(m, f.name, "medusa.") for f in fields(MedusaSpec)})
+    if not (root / spec.file).is_file():
+        raise EngineError(f"engine dir {root}: medusa heads graph file {spec.file!r} is missing")
+    geo = target.geometry
+    if not target.has_hidden:
+        raise EngineError("manifest.json: medusa heads need a target graph with the `hidden` output (has_hidden)")
+    if (spec.hidden_size, spec.vocab_size) != (geo.hidden_size, geo.vocab_size):
+        raise EngineError(f"manifest.json: medusa heads (hidden {spec.hidden_size}, vocab {spec.vocab_size}) do not "
+                          f"match the target (hidden {geo.hidden_size}, vocab {geo.vocab_size})")
+    nodes, depth = _require(spec.tree, "nodes", "medusa.tree."), _require(spec.tree, "depth", "medusa.tree.")
+    if target.shapes.get("tree_verify") != nodes:
+        raise EngineError(f"manifest.json: medusa.tree has {nodes} nodes but models.target.shapes.tree_verify is "
+                          f"{target.shapes.get('tree_verify')}")
+    if depth > spec.num_heads:
+        raise EngineError(f"manifest.json: medusa.tree is {depth} deep but there are only {spec.num_heads} heads")
+    return spec
 
 
 def check_vocab_match(target: GraphSpec, draft: GraphSpec) -> None:

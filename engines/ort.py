@@ -11,19 +11,26 @@ from .base import EngineError
 class OrtEngine:
     """One ONNX graph in an ``onnxruntime.InferenceSession``.
 
-    providers: ORT execution providers in priority order (default: CPU). ``CUDAExecutionProvider``
-    or ``TensorrtExecutionProvider`` work where onnxruntime-gpu / TensorRT are installed.
+    providers: ORT execution providers in priority order (default: CPU); short names "cpu",
+    "cuda", "tensorrt" are accepted. ``CUDAExecutionProvider`` / ``TensorrtExecutionProvider``
+    need onnxruntime-gpu (and TensorRT for the latter). provider_options: {provider: {key: value}}.
     threads: intra-op threads (default: ORT's choice, one per physical core).
+    io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
+    (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
+    buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
+    run through ``specrt.engines.cuda_graphs.OrtCudaCore`` in a device-resident runtime
+    (``load_device_runtime(..., backend="ort", cuda_graph=True)``).
     """
 
-    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None):
+    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
+                 provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0):
         import onnxruntime as ort
 
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"graph file missing: {path}")
         available = ort.get_available_providers()
-        providers = providers or ["CPUExecutionProvider"]
+        providers = [PROVIDER_ALIASES.get(p, p) for p in (providers or ["CPUExecutionProvider"])]
         missing = [p for p in providers if p not in available]
         if missing:
             raise EngineError(f"execution provider(s) {missing} not available in this onnxruntime "
@@ -32,14 +39,53 @@ class OrtEngine:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             opts.intra_op_num_threads = threads
+        provider_options = provider_options or {}
+        with_options = [(p, dict(provider_options.get(p, {}))) for p in providers]
         try:
-            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=with_options)
         except Exception as e:  # ORT raises its own Fail/InvalidGraph types
             raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.path = path
+        gpu = providers[0] in GPU_PROVIDERS
+        self.io_binding = gpu if io_binding is None else bool(io_binding)
+        self.device_id = device_id
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        outs = self.session.run(None, feeds)
-        return dict(zip(self.output_names, outs))
+        if not self.io_binding:
+            outs = self.session.run(None, feeds)
+            return dict(zip(self.output_names, outs))
+        binding = self.session.io_binding()
+        for name in self.input_names:
+            binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", self.device_id)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+
+
+PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                    "tensorrt": "TensorrtExecutionProvider", "trt": "TensorrtExecutionProvider"}
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+def gpu_providers(provider: str, cuda_options: dict, device_id: int = 0, trt_options: dict | None = None) -> list:
+    """ORT providers list for a GPU session: the TensorRT EP (with the CUDA EP as fallback) or the CUDA EP.
+
+    Raises EngineError naming what is missing when this onnxruntime has no such provider.
+    """
+    import onnxruntime as ort
+
+    provider = PROVIDER_ALIASES.get(provider, provider)
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise EngineError("needs onnxruntime-gpu (CUDAExecutionProvider not available; this onnxruntime has "
+                          f"{available}): pip install 'specrt[gpu]'")
+    if provider == "TensorrtExecutionProvider":
+        if provider not in available:
+            raise EngineError("needs onnxruntime-gpu built with TensorRT (TensorrtExecutionProvider not available)")
+        return [(provider, {"device_id": str(device_id), **(trt_options or {})}), ("CUDAExecutionProvider", cuda_options)]
+    if provider != "CUDAExecutionProvider":
+        raise EngineError(f"unknown GPU provider {provider!r}; use CUDAExecutionProvider or TensorrtExecutionProvider")
+    return [("CUDAExecutionProvider", cuda_options)]

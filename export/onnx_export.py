@@ -43,6 +43,7 @@ class ExportConfig:
     opset: int = 17  # ONNX opset for the (TorchScript-based) exporter
     with_hidden: bool = False  # also output the last hidden state (Medusa/EAGLE heads need it)
     tree_mask: object = None  # bool [N, N] of an exported tree: adds a parity case at the tree-verify shape
+    torch_weights: bool = False  # also save each model's HF weights (safetensors) to torch/<role>/ for the torch backend
 
 
 def load_hf(model_dir: str | Path, dtype: str = "fp32"):
@@ -101,7 +102,7 @@ def parity_cases(wrapper, geo, cfg: ExportConfig) -> dict:
     cases = {"decode": (17, 1, None), "verify": (17, cfg.gamma + 1, None),
              "prefill": (0, min(37, cfg.prefill_chunk), None), "tree": (9, 8, example_tree_mask())}
     if cfg.tree_mask is not None:
-        mask = torch.from_numpy(np.asarray(cfg.tree_mask, dtype=bool))
+        mask = torch.from_numpy(np.array(cfg.tree_mask, dtype=bool))  # a writable copy
         cases["tree_verify"] = (17, len(mask), mask)
     out = {}
     for name, (past, q, mask) in cases.items():
@@ -210,13 +211,19 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
             vocab = vocab_sha256(src / "tokenizer.json")
         role_cfg = cfg
         if role == "target" and heads_cfg:
-            from .medusa_heads import check_heads_match
+            from .medusa_heads import HeadsError, check_heads_match
 
             geo = geometry(model)
-            check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab, where=f"heads {medusa_dir}")
+            try:
+                check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab, where=f"heads {medusa_dir}")
+            except HeadsError as e:
+                raise ExportError(str(e)) from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         log(f"exporting {role} {type(model).__name__} from {src} ...")
         entry = export_graph(model, out / f"{role}.onnx", role_cfg)
+        if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
+            model.save_pretrained(out / "torch" / role)
+            entry["torch_weights"] = f"torch/{role}"
         shapes = {"decode": 1, "prefill": cfg.prefill_chunk}
         if role == "target":
             shapes["verify"] = cfg.gamma + 1
