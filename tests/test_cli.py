@@ -57,3 +57,17 @@ def test_export_unsupported_architecture(runner, tmp_path):
     make_tokenizer(tmp_path / "neox", 32)
     res = runner.invoke(cli, ["export", "--target", str(tmp_path / "neox"), "--out", str(tmp_path / "e")])
     assert res.exit_code != 0 and "not supported; supported: LlamaForCausalLM" in res.output
+
+
+def test_generate_with_torch_backend_equals_ort(runner, tmp_path):
+    t = make_model(tmp_path / "t", scale=20.0)
+    res = runner.invoke(cli, ["export", "--target", str(t), "--out", str(tmp_path / "e"), "--max-len", "64",
+                              "--torch-weights"])
+    assert res.exit_code == 0, res.output
+    outs = {}
+    for backend in ("ort", "torch"):
+        res = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "abc", "--max-new-tokens", "10",
+                                  "--method", "ngram", "--json", "--backend", backend])
+        assert res.exit_code == 0, res.output
+        outs[backend] = json.loads(res.stdout)["token_ids"]
+    assert outs["ort"] == outs["torch"] and len(outs["ort"]) > 0

@@ -14,9 +14,12 @@ from .options import load_runtime, sampling_options, summary_line
 @click.option("--prompt", required=True, help="Prompt text.")
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (token_ids, text, stats) instead.")
-def generate(engine_dir, prompt, as_json, **sampling):
+@click.option("--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch", "trt"]),
+              help="ort: ONNX Runtime; torch: needs `export --torch-weights`; trt: needs `export --trt`.")
+@click.option("--device", default=None, help="torch/trt backends: cpu | cuda (default: cpu for torch).")
+def generate(engine_dir, prompt, as_json, backend, device, **sampling):
     """Generate a continuation of --prompt, streaming text, then a one-line summary."""
-    rt = load_runtime(engine_dir)
+    rt = load_runtime(engine_dir, backend=backend, **({"device": device} if device else {}))
     try:
         gen = rt.stream(prompt, **sampling)
         if as_json:
