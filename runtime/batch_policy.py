@@ -1,0 +1,179 @@
+"""The batch-aware speculation policy: per step, choose γ (0 = off) from the batch size and measured costs.
+
+Speculation and batching draw on the same spare arithmetic (see the reference text's batching
+caveat): a step that verifies γ+1 positions for each of B sequences processes n = B·(γ+1)
+positions, and once n crosses the hardware's ridge the extra positions stop being free.
+TensorRT-LLM's ``draft_len_schedule`` and vLLM's ``disable_by_batch_size`` encode that by hand
+(a table batch size -> γ, a batch size above which speculation is off). Here it is computed,
+every step, from measurements:
+
+    T(n)      measured seconds of one target pass over n = Q·B positions (``LatencyCurve``)
+    D(B)      measured seconds of one draft step at batch B (0 for n-gram lookup)
+    α_b       each sequence's measured acceptance rate
+
+    throughput(γ) = Σ_b E[tokens](α_b, γ) / (T(B·(γ+1)) + γ·D(B))     E = (1 - α^(γ+1)) / (1 - α)
+    throughput(0) = B / T(B)
+
+and the policy runs the γ in 0..γmax with the highest predicted throughput (ties: the smaller γ).
+A measured ``speculation_max_batch`` (manifest ``defaults``, written by profiling) caps it:
+speculation is off above that batch size whatever the prediction says.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .gamma import expected_tokens
+
+
+class LatencyCurve:
+    """Seconds of one call as a function of its size n, from noisy measurements.
+
+    Per measured n an EWMA, where one sample counts at most ``spike`` times the current estimate
+    (a call preempted by other load does not swing the policy). Read back as a non-decreasing
+    curve (more positions never cost less; violations are pooled, not maxed, so noise at a small
+    n does not inflate every larger one), linearly interpolated between measured sizes, flat
+    below the smallest, and extended with the last segment's slope beyond the largest.
+    """
+
+    def __init__(self, decay: float = 0.9, spike: float = 2.0):
+        self.decay = decay  # weight kept by the old estimate on each new measurement
+        self.spike = spike  # a sample above spike * estimate is clipped to it
+        self.points: dict[int, float] = {}  # n -> EWMA seconds
+
+    def __bool__(self) -> bool:
+        return bool(self.points)
+
+    def record(self, n: int, seconds: float) -> None:
+        old = self.points.get(n)
+        if old is None:
+            self.points[n] = seconds
+        else:
+            self.points[n] = self.decay * old + (1 - self.decay) * min(seconds, self.spike * old)
+
+    def seconds(self, n: int) -> float:
+        points = sorted(self.points.items())  # a snapshot: another thread may be recording
+        if not points:
+            raise ValueError("no measurements yet")
+        ns = [k for k, _ in points]
+        ts = monotone([t for _, t in points])
+        if n <= ns[-1] or len(ns) == 1:
+            return float(np.interp(n, ns, ts))
+        slope = max(0.0, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
+        return ts[-1] + slope * (n - ns[-1])
+
+
+def monotone(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(c)]
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    gamma: int  # draft length for this step (0 = speculation off)
+    predicted_speedup: float  # predicted throughput at gamma / throughput at γ = 0 (1.0 when off)
+    reason: str  # "policy" (chosen by prediction) | "cap" (batch above speculation_max_batch) | "probe" | "fixed"
+
+
+def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],
+                    draft_seconds: Callable[[int], float]) -> float:
+    """Predicted tokens per second of one step that runs every sequence at draft length ``gamma``."""
+    b = len(alphas)
+    tokens = sum(expected_tokens(a, gamma) for a in alphas)
+    cost = target_seconds(b * (gamma + 1)) + (gamma * draft_seconds(b) if gamma else 0.0)
+    return tokens / max(cost, 1e-12)
+
+
+def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callable[[int], float],
+                 draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None) -> PolicyDecision:
+    """The γ in 0..gamma_max with the highest predicted throughput for this batch (one α per sequence).
+
+    Pure: everything it uses is an argument. ``speculation_max_batch``: above this batch size
+    the answer is 0 (a measured cap; None = no cap).
+    """
+    if not alphas:
+        return PolicyDecision(0, 1.0, "policy")
+    if speculation_max_batch is not None and len(alphas) > speculation_max_batch:
+        return PolicyDecision(0, 1.0, "cap")
+    rates = [step_throughput(g, alphas, target_seconds, draft_seconds) for g in range(gamma_max + 1)]
+    best = int(np.argmax(rates))  # first maximum: the smaller γ on ties
+    return PolicyDecision(best, rates[best] / rates[0], "policy")
+
+
+def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],
+                          draft_seconds: Callable[[int], float]) -> int:
+    """The largest batch size <= max_batch at which ``choose_gamma`` speculates when every sequence has
+    acceptance ``alpha`` (0: not even at batch 1). The measured analogue of vLLM's disable_by_batch_size."""
+    largest = 0
+    for b in range(1, max_batch + 1):
+        if choose_gamma([alpha] * b, gamma_max, target_seconds, draft_seconds).gamma > 0:
+            largest = b
+    return largest
+
+
+@dataclass
+class PolicyConfig:
+    gamma_max: int  # largest γ (the exported verify shape - 1)
+    fixed_gamma: int | None = None  # run this γ every step (0 = off): forced on/off; None = the policy decides
+    speculation_max_batch: int | None = None  # measured cap from the manifest's defaults (None = no cap)
+    probe_every: int = 16  # steps decided at γ = 0 before one probe step at γ = 1 (keeps α measured)
+    draft_cost: bool = True  # whether proposals cost draft passes (False for n-gram lookup)
+
+
+class SpeculationPolicy:
+    """``choose_gamma`` with its measurements: the target's T(n) and draft's D(B) curves, and probing."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.target_curve = LatencyCurve()  # n = Q·B positions -> seconds of one target pass
+        self.draft_curve = LatencyCurve()  # n = Q·B positions -> seconds of one draft pass
+        self._idle_steps = 0
+        self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
+
+    def record_target(self, batch: int, q: int, seconds: float) -> None:
+        self.target_curve.record(batch * q, seconds)
+
+    def record_draft(self, batch: int, q: int, seconds: float) -> None:
+        self.draft_curve.record(batch * q, seconds)
+
+    def draft_seconds(self, batch: int) -> float:
+        if not self.config.draft_cost or not self.draft_curve:
+            return 0.0
+        return self.draft_curve.seconds(batch)
+
+    def decide(self, alphas: Sequence[float]) -> PolicyDecision:
+        cfg = self.config
+        if cfg.fixed_gamma is not None:
+            self.last = PolicyDecision(cfg.fixed_gamma, 1.0, "fixed")
+            return self.last
+        if not self.target_curve:  # nothing measured yet: plain decoding measures T(B)
+            self.last = PolicyDecision(0, 1.0, "policy")
+            return self.last
+        d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
+                         cfg.speculation_max_batch)
+        if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0:
+            self._idle_steps += 1
+            if self._idle_steps >= cfg.probe_every:
+                self._idle_steps = 0
+                d = PolicyDecision(1, d.predicted_speedup, "probe")
+        else:
+            self._idle_steps = 0
+        self.last = d
+        return d
+
+    def max_speculative_batch(self, alpha: float, max_batch: int) -> int:
+        """``speculation_max_batch`` under the current measurements (and the manifest's cap)."""
+        if not self.target_curve:
+            return 0
+        b = speculation_max_batch(alpha, max_batch, self.config.gamma_max, self.target_curve.seconds,
+                                  self.draft_seconds)
+        cap = self.config.speculation_max_batch
+        return b if cap is None else min(b, cap)

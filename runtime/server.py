@@ -1,0 +1,317 @@
+"""`specrt serve`: an OpenAI-compatible HTTP server over one ``BatchedGenerator`` (FastAPI + uvicorn).
+
+``create_app(runtime, config)`` builds the app and its engine worker (started and stopped with
+the app's lifespan); nothing is global, so several apps can live in one process. See
+docs/serving.md for the endpoints, errors, metrics and the batch-aware speculation policy.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .batch import BatchConfig, BatchedGenerator
+from .openai_api import (ApiError, ChatCompletionRequest, ChatTemplate, CompletionRequest, chat_body, chat_chunk,
+                         completion_body, completion_chunk, error_body, new_id, parse_request, speculation_field,
+                         sse, usage, usage_chunk)
+from .runtime import PromptTooLongError
+from .sampling import SamplingError, SamplingParams
+from .serve_metrics import ServerMetrics
+from .worker import DoneEvent, EngineUnavailableError, EngineWorker, ErrorEvent, QueueFullError, TokensEvent
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the id in GET /v1/models; requests must name it in "model"
+    batch: BatchConfig = field(default_factory=BatchConfig)  # slots, method, γ (None = batch-aware policy)
+    max_queue: int = 128  # requests waiting for a slot beyond which new ones get 429
+    api_key: str | None = None  # if set, /v1/* require "Authorization: Bearer <api_key>"
+
+
+class MetricsMiddleware:
+    """Counts every HTTP response by endpoint and status and times it to its last byte (streams included)."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+        t0, status = time.perf_counter(), [None]
+
+        async def send_and_observe(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_observe)
+        except Exception:
+            status[0] = status[0] or 500  # answered by the outermost error middleware
+            raise
+        finally:
+            if status[0] is not None:
+                self.metrics.requests.labels(endpoint, str(status[0])).inc()
+                self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+
+
+def create_app(runtime, config: ServerConfig) -> FastAPI:
+    """An ASGI app serving ``runtime``'s engine dir. The engine worker runs while the app's lifespan does."""
+    generator = BatchedGenerator(runtime, config.batch)
+    metrics = ServerMetrics(max_batch=config.batch.max_batch, policy=generator.policy,
+                            current_alpha=lambda: generator.acceptance.alpha)
+    worker = EngineWorker(generator, config.max_queue, on_step=metrics.observe_step,
+                          on_cancel=lambda handle: metrics.cancelled.inc())
+    template = ChatTemplate(runtime.manifest.tokenizer_dir)
+    model = config.model_name
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(title="specrt", lifespan=lifespan)
+    app.state.worker, app.state.metrics, app.state.generator = worker, metrics, generator
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), param=None, code=code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, exc: Exception):
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
+                            status_code=500)
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if not header.startswith("Bearer "):
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        if not secrets.compare_digest(header[len("Bearer "):].encode(), config.api_key.encode()):
+            raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
+
+    def check_model(name: str) -> None:
+        if name != model:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {model!r}", param="model",
+                           code="model_not_found")
+
+    def encode(prompt) -> list[int]:
+        try:
+            return runtime.encode(prompt)
+        except PromptTooLongError as e:
+            raise ApiError(400, str(e), param="prompt", code="context_length_exceeded") from None
+        except (ValueError, TypeError) as e:
+            raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
+
+    def sampling(req, ids: list[int], max_tokens: int | None) -> SamplingParams:
+        stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        try:
+            return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                                  seed=req.seed, max_new_tokens=max_tokens or runtime.manifest.max_len - len(ids),
+                                  stop=stop)
+        except SamplingError as e:
+            raise ApiError(400, str(e), code="invalid_value") from None
+
+    @app.get("/health")
+    async def health():
+        body = {"status": "ok" if worker.running else "unavailable", "model": model, "batch_size": worker.active,
+                "queue_depth": worker.queue_depth, "max_batch": config.batch.max_batch}
+        return JSONResponse(body, status_code=200 if worker.running else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "specrt"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        t0 = time.perf_counter()
+        authorize(request)
+        req = parse_request(await request.body(), CompletionRequest)
+        check_model(req.model)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, "one prompt per request (n=1): send a string, token ids, or a list of one "
+                               "string", param="prompt", code="invalid_value")
+            prompt = prompt[0]
+        ids = encode(prompt)
+        params = sampling(req, ids, req.max_tokens)
+        return await generate(request, t0, ids, params, req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        t0 = time.perf_counter()
+        authorize(request)
+        req = parse_request(await request.body(), ChatCompletionRequest)
+        check_model(req.model)
+        prompt = template.render([{"role": m.role, "content": m.text()} for m in req.messages])
+        ids = encode(prompt)
+        params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
+        return await generate(request, t0, ids, params, req, chat=True)
+
+    async def generate(request: Request, t0: float, ids: list[int], params: SamplingParams, req, chat: bool):
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def on_event(event) -> None:  # worker thread -> this request's event loop
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+        try:
+            handle = worker.submit(ids, params, on_event)
+        except QueueFullError as e:
+            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
+        except EngineUnavailableError as e:
+            raise ApiError(503, str(e), "server_error", code="engine_unavailable") from None
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        first = [True]
+
+        def first_token_seen(event) -> None:
+            if first[0] and any(e.token_id is not None for e in event.events):
+                first[0] = False
+                metrics.ttft.observe(time.perf_counter() - t0)
+
+        def done(event: DoneEvent) -> dict:
+            metrics.prompt_tokens.inc(len(ids))
+            metrics.generated_tokens.inc(len(event.token_ids))
+            return usage(len(ids), len(event.token_ids))
+
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+            async def stream():
+                try:
+                    if chat:
+                        yield sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+                    while True:
+                        event = await events.get()
+                        if isinstance(event, TokensEvent):
+                            first_token_seen(event)
+                            for e in event.events:
+                                if e.text:
+                                    yield sse(chat_chunk(rid, model, {"content": e.text}) if chat
+                                              else completion_chunk(rid, model, e.text))
+                        elif isinstance(event, DoneEvent):
+                            use = done(event)
+                            last = chat_chunk(rid, model, {}, event.finish_reason) if chat else \
+                                completion_chunk(rid, model, "", event.finish_reason)
+                            last["speculation"] = speculation_field(event.stats)
+                            yield sse(last)
+                            if include_usage:
+                                yield sse(usage_chunk(rid, model, last["object"], use))
+                            yield sse("[DONE]")
+                            return
+                        else:  # ErrorEvent: the stream has started, so the error travels as an event
+                            metrics.failed.inc()
+                            yield sse(error_body(event.message, "server_error", code="engine_error"))
+                            yield sse("[DONE]")
+                            return
+                finally:
+                    if not handle.finished:  # client went away (or the stream was closed): free the slot
+                        worker.cancel(handle)
+
+            return StreamingResponse(stream(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        def client_left() -> None:
+            worker.cancel(handle)
+            events.put_nowait(None)  # wake the wait below: no more events will come
+
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, client_left))
+        try:
+            while True:
+                event = await events.get()
+                if event is None:  # nobody reads the answer; 499 = "client closed request" in the logs
+                    return JSONResponse(error_body("client closed the request", code="client_closed"), 499)
+                if isinstance(event, TokensEvent):
+                    first_token_seen(event)
+                elif isinstance(event, DoneEvent):
+                    use = done(event)
+                    build = chat_body if chat else completion_body
+                    return build(rid, model, event.text, event.finish_reason, use, event.stats)
+                elif isinstance(event, ErrorEvent):
+                    metrics.failed.inc()
+                    raise ApiError(500, event.message, "server_error", code="engine_error")
+        finally:
+            watcher.cancel()
+            if not handle.finished:
+                worker.cancel(handle)
+
+    return app
+
+
+async def _cancel_on_disconnect(request: Request, cancel) -> None:
+    """Wait for the client of a non-streaming request to disconnect; then cancel its generation."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            cancel()
+            return
+
+
+class BackgroundServer:
+    """Run an app under uvicorn on a thread, on 127.0.0.1 and a free port (tests, benchmarks)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
