@@ -103,3 +103,18 @@ def test_draft_vocab_mismatch_refused_at_export(tmp_path):
 def test_unknown_backend(engine_copy):
     with pytest.raises(EngineError, match="unknown backend"):
         specrt.load(engine_copy, backend="tpu")
+
+
+def test_runtime_runs_without_torch(llama_engine):
+    """The runtime (load, generate, every method) must not need torch or transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+            "import specrt\n"
+            f"rt = specrt.load({str(llama_engine)!r})\n"
+            "for m in ('none', 'draft', 'ngram'):\n"
+            "    assert rt.generate([3, 1, 4], max_new_tokens=5, method=m).token_ids\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
