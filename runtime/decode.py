@@ -22,13 +22,23 @@ class DecodeStats:
     proposed: int = 0  # tokens proposed
     accepted: int = 0  # proposed tokens the target kept
     rounds: int = 0  # speculative rounds (verify passes after the first token)
+    rejections: int = 0  # rounds that ended in a rejection (n < k)
     proposal_lengths: list = field(default_factory=list)  # k proposed per round
 
     def record(self, k: int, n: int) -> None:
         self.rounds += 1
         self.proposed += k
         self.accepted += n
+        self.rejections += int(n < k)
         self.proposal_lengths.append(k)
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability α̂ = accepted / (accepted + rejections): the MLE under the
+        formula's i.i.d. assumption. accepted / proposed understates it: proposals after the first
+        rejection of a round are never tested."""
+        tested = self.accepted + self.rejections
+        return self.accepted / tested if tested else 0.0
 
     def predicted_speedup(self, alpha: float, cost) -> float:
         """Σ E[tokens](α, k_r) / Σ (k_r c + T(k_r+1)/T(1)) over the rounds run: the formula, averaged."""

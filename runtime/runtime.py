@@ -10,13 +10,16 @@ import numpy as np
 from ..engines import EngineError, open_engine
 from ..engines.manifest import Manifest, load_manifest
 from .decode import DecodeStats, calibrate, decode_plain, speculative_decode
+from .decode_tree import ACCEPTANCE, TreeStats, calibrate_tree, tree_speculative_decode, tree_stats
 from .gamma import GammaController, predicted_speedup
 from .model import CachedModel
+from .medusa import MedusaProposer, check_tree_fits
 from .proposers import DraftModelProposer, NGramProposer
 from .sampling import SamplingError, SamplingParams
 from .text import IncrementalDetokenizer, StopMatcher
+from .tree import compile_tree, load_tree
 
-METHODS = ("none", "draft", "ngram")
+METHODS = ("none", "draft", "ngram", "medusa")
 
 
 class PromptTooLongError(ValueError):
@@ -66,15 +69,29 @@ class Runtime:
     One sequence at a time (batch 1); not thread-safe: a server drives it from one worker.
     """
 
-    def __init__(self, manifest: Manifest, target: CachedModel, draft: CachedModel | None, tokenizer):
+    def __init__(self, manifest: Manifest, target: CachedModel, draft: CachedModel | None, tokenizer,
+                 medusa=None):
         self.manifest = manifest
         self.target = target
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_ids = set(manifest.eos_token_ids)
         self.gamma_max = manifest.gamma
+        self.default_gamma = self._default_gamma(manifest)  # defaults.gamma: used when a caller passes None
         self.calibrated = False
         self.alpha_state: dict = {}  # method -> α evidence carried across requests (GammaController.state)
+        self.medusa = medusa  # Engine of the Medusa heads graph, if the engine dir has one
+        tree = manifest.medusa.tree if manifest.medusa else None
+        self.tree = compile_tree(tree["choices"], tree["name"]) if tree else None  # tree used by method "medusa"
+        self.tree_calibrated = False
+
+    def _default_gamma(self, manifest: Manifest) -> int | None:
+        """The manifest's ``defaults.gamma`` (e.g. written by `specrt profile --write-defaults`); None = adaptive."""
+        g = manifest.defaults.get("gamma")
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or not 0 <= g <= manifest.gamma):
+            raise EngineError(f"manifest.json: defaults.gamma must be null (adaptive) or an integer in "
+                              f"0..{manifest.gamma} (the exported gamma), got {g!r}")
+        return g
 
     @classmethod
     def load(cls, engine_dir: str | Path, backend: str = "ort", **engine_options) -> "Runtime":
@@ -90,19 +107,33 @@ class Runtime:
                                   f"the manifest ({expected[:4]}...): the engine dir is inconsistent")
             models[role] = CachedModel(engine, spec, m.max_len)
         tok = Tokenizer.from_file(str(m.tokenizer_dir / "tokenizer.json"))
-        return cls(m, models["target"], models.get("draft"), tok)
+        medusa = open_engine(m.root / m.medusa.file, backend=backend, **engine_options) if m.medusa else None
+        return cls(m, models["target"], models.get("draft"), tok, medusa=medusa)
+
+    def use_tree(self, tree) -> None:
+        """Use another candidate tree (a default name, a JSON file, a list of paths or a ``Tree``) for
+        method "medusa"; it must fit the exported tree-verify shape and the heads."""
+        if self.manifest.medusa is None:
+            raise SamplingError("this engine dir has no Medusa heads: export with --medusa")
+        tree = load_tree(tree)
+        check_tree_fits(tree, self.manifest.medusa)
+        self.tree, self.tree_calibrated = tree, False
 
     # ---- public API -------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
-                 gamma: int | None = None, stop=(), stop_token_ids=()) -> GenerationOutput:
-        """Generate a continuation of ``prompt`` (a string or a list of token ids)."""
+                 gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact") -> GenerationOutput:
+        """Generate a continuation of ``prompt`` (a string or a list of token ids).
+
+        ``acceptance="typical"`` (method "medusa" only) opts into Medusa-2's typical acceptance:
+        faster at temperature > 0 but LOSSY (the output no longer follows the target's distribution).
+        """
         return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, min_p, seed, method, gamma,
-                           stop, stop_token_ids).result()
+                           stop, stop_token_ids, acceptance).result()
 
     def stream(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
-               gamma: int | None = None, stop=(), stop_token_ids=()) -> Generation:
+               gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact") -> Generation:
         """Like ``generate``, but returns a ``Generation`` that yields tokens as they are produced.
 
         Arguments are validated here, before anything runs.
@@ -110,12 +141,17 @@ class Runtime:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
                                 max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids)
         method = self.resolve_method(method)
-        if gamma is not None and (not isinstance(gamma, int) or not 0 <= gamma <= self.gamma_max):
+        if acceptance not in ACCEPTANCE or (acceptance != "exact" and method != "medusa"):
+            raise SamplingError(f"acceptance must be one of {', '.join(ACCEPTANCE)} ('typical' is lossy and only for "
+                                f"method 'medusa'), got {acceptance!r} with method {method!r}")
+        if gamma is None:
+            gamma = self.default_gamma  # the engine dir's defaults.gamma; None there too = adaptive
+        elif not isinstance(gamma, int) or not 0 <= gamma <= self.gamma_max:
             raise SamplingError(f"gamma must be an integer in 0..{self.gamma_max} (the exported verify shape "
-                                f"is {self.gamma_max + 1}) or None for adaptive, got {gamma!r}")
+                                f"is {self.gamma_max + 1}) or None for the engine dir's default, got {gamma!r}")
         ids = self.encode(prompt)
         holder: dict = {"token_ids": [], "text": "", "finish_reason": None, "stats": {}}
-        return Generation(self._events(ids, params, method, gamma, holder), holder)
+        return Generation(self._events(ids, params, method, gamma, holder, acceptance), holder)
 
     def encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -142,6 +178,8 @@ class Runtime:
             raise SamplingError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
         if method == "draft" and self.draft is None:
             raise SamplingError("method 'draft' needs an engine dir exported with --draft")
+        if method == "medusa" and self.medusa is None:
+            raise SamplingError("method 'medusa' needs an engine dir exported with --medusa")
         return method
 
     # ---- internals --------------------------------------------------------------------
@@ -156,7 +194,7 @@ class Runtime:
             tq = float(np.interp(gamma + 1, qs, [lat[q] for q in qs]))
         return step / t1, tq / t1
 
-    def _events(self, ids, params: SamplingParams, method: str, gamma, holder):
+    def _events(self, ids, params: SamplingParams, method: str, gamma, holder, acceptance: str = "exact"):
         rng = np.random.default_rng(params.seed)
         stats = DecodeStats()
         stops = StopMatcher(params.stop)
@@ -165,10 +203,20 @@ class Runtime:
         end_ids = self.eos_ids | set(params.stop_token_ids)
         limit = min(params.max_new_tokens, self.manifest.max_len - len(ids))
         proposer = controller = None
-        if method != "none" and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
+        if method not in ("none", "medusa") and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
             self._calibrate(ids, with_draft=method == "draft")
         self.target.reset()
-        if method != "none":
+        if method == "medusa":
+            proposer = MedusaProposer(self.medusa, self.manifest.medusa, self.tree)
+            if not self.tree_calibrated:
+                self.target.prefill(ids)
+                calibrate_tree(self.target, proposer, ids[-1])
+                self.target.reset()
+                self.tree_calibrated = True
+            stats = TreeStats(acceptance=acceptance, lossy=acceptance == "typical" and not params.greedy)
+            steps = tree_speculative_decode(self.target, proposer, self.tree, ids, params, rng, stats,
+                                            budget=lambda: limit - len(out), acceptance=acceptance)
+        elif method != "none":
             proposer = DraftModelProposer(self.draft) if method == "draft" else NGramProposer()
             proposer.reset(ids)
             controller = GammaController(self.gamma_max, fixed=gamma, state=self.alpha_state.get(method))
@@ -218,17 +266,21 @@ class Runtime:
 
     def stats_for(self, s: DecodeStats, out, method, controller, proposer, seconds, engine_seconds) -> dict:
         n = len(out)
-        alpha = s.accepted / s.proposed if s.proposed else 0.0
+        alpha = s.alpha
         stats = {"method": method, "new_tokens": n, "target_passes": s.target_passes,
                  "seconds": seconds, "tokens_per_second": n / seconds if seconds > 0 else 0.0,
                  "engine_seconds": engine_seconds,
                  "loop_overhead": max(0.0, 1 - engine_seconds / seconds) if seconds > 0 else 0.0}
-        if method != "none":
+        if method == "medusa":
+            stats.update(tree_stats(s, self.target.latency, proposer))
+        elif method != "none":
             rounds = max(s.rounds, 1)
             c, _ = self.cost(1, proposer)
             mean_k = s.proposed / rounds
             stats.update({
-                "proposed": s.proposed, "accepted": s.accepted, "acceptance_rate": alpha,
+                "proposed": s.proposed, "accepted": s.accepted,
+                "acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0, "alpha": alpha,
+                "rejections": s.rejections,
                 "rounds": s.rounds, "tokens_per_pass": (s.accepted + s.rounds) / rounds,
                 "draft_passes": proposer.passes if method == "draft" else 0,
                 "c": c, "verify_ratio": self.cost(self.gamma_max, proposer)[1],

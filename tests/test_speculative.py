@@ -161,6 +161,8 @@ def test_stats_fields_and_no_division_by_zero(rt):
     s = rt.generate(PROMPTS[1], max_new_tokens=20, method="draft", gamma=3).stats
     assert s["proposed"] > 0 and 0 <= s["acceptance_rate"] <= 1
     assert s["tokens_per_pass"] == pytest.approx((s["accepted"] + s["rounds"]) / s["rounds"])
+    # α counts only tested proposals: at least the share accepted, and equal when no round rejected
+    assert s["acceptance_rate"] <= s["alpha"] <= 1
     assert s["draft_passes"] >= s["rounds"]
 
 

@@ -26,7 +26,7 @@ DEMO = Path(__file__).parent / "demo_models"
 
 def run_specrt(rt, prompts, max_new: int, method: str, gamma=None, temperature: float = 0.0) -> dict:
     """Sum over prompts of one method's generation; per-prompt seeds fixed."""
-    tokens = seconds = engine = proposed = accepted = rounds = 0
+    tokens = seconds = engine = proposed = accepted = rounds = rejections = 0
     predicted = []
     outputs = []
     for i, prompt in enumerate(prompts):
@@ -39,11 +39,13 @@ def run_specrt(rt, prompts, max_new: int, method: str, gamma=None, temperature: 
         outputs.append(out.token_ids)
         if method != "none":
             proposed, accepted, rounds = proposed + s["proposed"], accepted + s["accepted"], rounds + s["rounds"]
+            rejections += s.get("rejections", 0)
             predicted.append((s["predicted_speedup"], s["seconds"]))
     res = {"tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds,
            "loop_overhead": 1 - engine / seconds, "outputs": outputs}
     if method != "none":
-        res.update(alpha=accepted / max(proposed, 1), tokens_per_pass=(accepted + rounds) / max(rounds, 1),
+        res.update(alpha=accepted / max(accepted + rejections, 1), accepted_share=accepted / max(proposed, 1),
+                   tokens_per_pass=(accepted + rounds) / max(rounds, 1),
                    predicted_speedup=sum(p * t for p, t in predicted) / sum(t for _, t in predicted))
     return res
 

@@ -57,7 +57,7 @@ def demo(max_new_tokens, n_prompts, temperature):
             s = out.stats
             table.add_row(str(i + 1), method, str(s["new_tokens"]), f"{s['tokens_per_second']:.0f}",
                           f"{s['tokens_per_second'] / plain.stats['tokens_per_second']:.2f}x",
-                          f"{s.get('acceptance_rate', 0):.2f}" if method != "none" else "-",
+                          f"{s.get('alpha', 0):.2f}" if method != "none" else "-",
                           f"{s.get('tokens_per_pass', 1):.2f}",
                           "-" if method == "none" else ("yes" if out.token_ids == plain.token_ids else "no"))
     console.print(table)
