@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +76,12 @@ class MedusaHeads(torch.nn.Module):
 
     def forward(self, hidden):
         return torch.stack([lm(block(hidden)) for block, lm in zip(self.blocks, self.lm_heads)], dim=-2)
+
+    def first(self, n: int) -> "MedusaHeads":
+        """A module with heads 1..n only (sharing these weights): a tree of depth n needs no more."""
+        out = MedusaHeads(replace(self.cfg, num_heads=n))
+        out.blocks, out.lm_heads = self.blocks[:n], self.lm_heads[:n]
+        return out
 
 
 def save_heads(heads: MedusaHeads, out: str | Path, extra: dict | None = None, dtype=torch.float16) -> Path:

@@ -275,9 +275,10 @@ def _export_medusa(medusa_dir, tree, out: Path, cfg: ExportConfig, log) -> dict:
     from .medusa_heads import load_heads
 
     heads, raw = load_heads(medusa_dir)
-    log(f"exporting medusa heads ({heads.cfg.num_heads} heads) from {medusa_dir}, tree {tree.name!r} "
-        f"({tree.size} nodes, depth {tree.depth}) ...")
-    section = export_heads_graph(heads, out / "medusa.onnx", cfg.dtype, cfg.opset)
+    log(f"exporting medusa heads 1..{tree.depth} of {heads.cfg.num_heads} from {medusa_dir} (tree {tree.name!r}: "
+        f"{tree.size} nodes, depth {tree.depth}) ...")
+    # a depth-D tree reads heads 1..D only: the graph computes no more (each head is a V x H projection)
+    section = export_heads_graph(heads.first(tree.depth), out / "medusa.onnx", cfg.dtype, cfg.opset)
     log(f"  medusa: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
     return {**section, "tree": tree.to_json(), "source": str(Path(medusa_dir).resolve()),
-            "accuracy": raw.get("accuracy")}
+            "trained_heads": heads.cfg.num_heads, "accuracy": raw.get("accuracy")}

@@ -8,6 +8,9 @@ from .cmd_bench import bench
 from .cmd_demo import demo
 from .cmd_export import export
 from .cmd_generate import generate
+from .cmd_profile import profile
+from .cmd_serve import serve
+from .cmd_train import train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +19,7 @@ def cli():
     """specrt: export HF causal LMs to ONNX and run exact speculative decoding."""
 
 
-for command in (export, generate, demo, bench):
+for command in (export, generate, demo, bench, profile, train, serve):
     cli.add_command(command)
 
 
