@@ -74,7 +74,7 @@ def test_adaptive_gamma_is_exact(engines, target_model):
 
 def naive_argmax_rule(tokens, q, p, rng):
     """WRONG: accept a proposal if it is the target's argmax, else emit a sample from p."""
-    for i, x in enumerate(tokens):
+    for i, x in enumerate(tokens):  # (no proposal: falls through to a plain sample from p)
         if p[i].argmax() != x:
             return i, int(sample(p[i][None], rng)[0])
     return len(tokens), int(sample(p[len(tokens)][None], rng)[0])
@@ -83,16 +83,24 @@ def naive_argmax_rule(tokens, q, p, rng):
 def resample_from_p_rule(tokens, q, p, rng):
     """WRONG: the right acceptance test, but on rejection sample from p instead of the residual."""
     x = np.asarray(tokens)
+    if not len(x):  # no proposal this round (the token budget is nearly spent): plain sample
+        return 0, int(sample(p[0][None], rng)[0])
     accept = rng.random(len(x)) * q[np.arange(len(x)), x] < p[np.arange(len(x)), x]
     n = int(np.argmin(accept)) if not accept.all() else len(x)
     return n, int(sample(p[n][None], rng)[0])
 
 
-@pytest.mark.parametrize("rule", [naive_argmax_rule, resample_from_p_rule], ids=lambda r: r.__name__)
-def test_harness_has_power_against_wrong_rules(engines, target_model, monkeypatch, rule):
-    """The same harness must FAIL a biased verifier: otherwise the tests above prove nothing."""
+@pytest.mark.parametrize("rule,draft", [(naive_argmax_rule, "identical"), (resample_from_p_rule, "weak")],
+                         ids=["naive_argmax_rule", "resample_from_p_rule"])
+def test_harness_has_power_against_wrong_rules(engines, target_model, monkeypatch, rule, draft):
+    """The same harness must FAIL a biased verifier: otherwise the tests above prove nothing.
+
+    Each rule is paired with the draft that exposes its bias: the argmax rule over-emits the
+    target's argmax whenever the draft proposes it (often, with q = p); resampling from p after a
+    rejection over-emits tokens the draft over-proposes (rejections are frequent with a weak draft).
+    """
     monkeypatch.setattr(decode, "verify_sampled", rule)
-    rt = specrt.load(engines["weak"])
+    rt = specrt.load(engines[draft])
     counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="draft", gamma=2, temperature=1.0)
     pv = p_values(counts, exact_joint(target_model, PROMPT, {}, V))
     assert min(pv.values()) < P_MIN, pv
