@@ -59,6 +59,21 @@ class MedusaSpec:
 
 
 @dataclass(frozen=True)
+class EagleSpec:
+    """The optional EAGLE head graph, as recorded in the manifest's top-level ``eagle`` section."""
+
+    file: str  # ONNX file name of the head graph, relative to the engine dir
+    hidden_size: int  # H: width of the `hidden` input/`next_hidden` output (the target's hidden size)
+    vocab_size: int  # V: width of the head's logits (the target's vocabulary)
+    num_kv_heads: int  # the head's own KV cache: one layer of [max_len, 1, num_kv_heads, head_dim]
+    head_dim: int
+    dtype: str  # "fp32" | "fp16": dtype of features, mask and K/V (logits are always fp32)
+    tree: dict  # dynamic draft tree defaults: {"nodes" (root incl. = tree_verify shape), "depth", "topk"}
+    inputs: list  # [{"name": "input_ids", ...}, {"name": "hidden", ...}, ...]
+    outputs: list  # [{"name": "logits", ...}, ..., {"name": "next_hidden", ...}]
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A validated engine dir."""
 
@@ -71,6 +86,7 @@ class Manifest:
     defaults: dict = field(default_factory=dict)  # runtime defaults, e.g. {"method": "draft"}
     raw: dict = field(default_factory=dict)  # the manifest as read
     medusa: MedusaSpec | None = None  # Medusa heads graph and tree, when exported with --medusa
+    eagle: EagleSpec | None = None  # EAGLE head graph and draft-tree defaults, when exported with --eagle
 
     @property
     def target(self) -> GraphSpec:
@@ -146,10 +162,11 @@ def load_manifest(engine_dir: str | Path) -> Manifest:
     if "draft" in graphs:
         check_vocab_match(graphs["target"], graphs["draft"])
     medusa = _medusa(root, raw["medusa"], graphs["target"]) if raw.get("medusa") else None
+    eagle = _eagle(root, raw["eagle"], graphs["target"]) if raw.get("eagle") else None
     return Manifest(root=root, graphs=graphs, tokenizer_dir=tok_dir,
                     eos_token_ids=tuple(_require(tok, "eos_token_ids", "tokenizer.")),
                     max_len=int(_require(raw, "max_len", "")), gamma=int(_require(raw, "gamma", "")),
-                    defaults=dict(raw.get("defaults", {})), raw=raw, medusa=medusa)
+                    defaults=dict(raw.get("defaults", {})), raw=raw, medusa=medusa, eagle=eagle)
 
 
 def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
@@ -169,6 +186,27 @@ def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
                           f"{target.shapes.get('tree_verify')}")
     if depth > spec.num_heads:
         raise EngineError(f"manifest.json: medusa.tree is {depth} deep but there are only {spec.num_heads} heads")
+    return spec
+
+
+def _eagle(root: Path, m: dict, target: GraphSpec) -> EagleSpec:
+    """Validate the optional ``eagle`` section against the target graph it reads from."""
+    spec = EagleSpec(**{f.name: _require(m, f.name, "eagle.") for f in fields(EagleSpec)})
+    if not (root / spec.file).is_file():
+        raise EngineError(f"engine dir {root}: EAGLE head graph file {spec.file!r} is missing")
+    geo = target.geometry
+    if not target.has_hidden:
+        raise EngineError("manifest.json: the EAGLE head needs a target graph with the `hidden` output (has_hidden)")
+    if (spec.hidden_size, spec.vocab_size) != (geo.hidden_size, geo.vocab_size):
+        raise EngineError(f"manifest.json: EAGLE head (hidden {spec.hidden_size}, vocab {spec.vocab_size}) does not "
+                          f"match the target (hidden {geo.hidden_size}, vocab {geo.vocab_size})")
+    nodes = _require(spec.tree, "nodes", "eagle.tree.")
+    for key in ("depth", "topk"):
+        if int(_require(spec.tree, key, "eagle.tree.")) < 1:
+            raise EngineError(f"manifest.json: eagle.tree.{key} must be >= 1")
+    if target.shapes.get("tree_verify") != nodes:
+        raise EngineError(f"manifest.json: eagle.tree has {nodes} nodes but models.target.shapes.tree_verify is "
+                          f"{target.shapes.get('tree_verify')}")
     return spec
 
 

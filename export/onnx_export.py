@@ -178,12 +178,16 @@ def eos_ids(model_dir: Path, model) -> list[int]:
 
 
 def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print,
-                  medusa_dir=None, tree=None) -> Path:
+                  medusa_dir=None, tree=None, eagle_dir=None, eagle_tree: dict | None = None) -> Path:
     """Export target (and draft) to ``out_dir``; validates and returns the engine dir.
 
     With ``medusa_dir`` (a heads dir from `specrt train medusa`) and ``tree`` (a compiled
     ``runtime.tree.Tree``), the target also outputs ``hidden``, gets the tree-verify shape
     Q = tree.size, and the heads are exported as their own graph (export/medusa_heads.py).
+    With ``eagle_dir`` (a head dir from `specrt train eagle`) and ``eagle_tree`` ({"nodes", "depth",
+    "topk"}: the dynamic draft tree's node budget incl. the root, depth and branching), the target
+    also outputs ``hidden``, gets the tree-verify shape Q = nodes, and the head is exported as
+    ``eagle.onnx`` (export/eagle_head.py). Medusa and EAGLE are exclusive (one tree-verify shape).
     """
     cfg = cfg or ExportConfig()
     if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
@@ -199,7 +203,10 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         if (target_dir / name).is_file():
             shutil.copy(target_dir / name, out / "tokenizer" / name)
     target_vocab = vocab_sha256(tok_src)
+    if eagle_dir and medusa_dir:
+        raise ExportError("export either --medusa or --eagle, not both (they share the tree-verify shape)")
     heads_cfg = _check_medusa(medusa_dir, tree) if medusa_dir else None
+    eagle_tree = _check_eagle_tree(eagle_tree) if eagle_dir else None
     models, eos = {}, []
     roles = [("target", target_dir)] + ([("draft", Path(draft_dir))] if draft_dir else [])
     for role, src in roles:
@@ -219,6 +226,18 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
             except HeadsError as e:
                 raise ExportError(str(e)) from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
+        if role == "target" and eagle_dir:
+            from ..runtime.tree import compile_tree
+            from .eagle_head import EagleError, check_head_match, read_head_config
+
+            geo = geometry(model)
+            try:  # refuse a head for another target before the long export
+                check_head_match(read_head_config(eagle_dir)[0], geo.hidden_size, geo.vocab_size, target_vocab,
+                                 where=f"EAGLE head {eagle_dir}")
+            except EagleError as e:
+                raise ExportError(str(e)) from None
+            chain = compile_tree([[0] * d for d in range(1, eagle_tree["nodes"])])  # parity case at Q = nodes
+            role_cfg = replace(cfg, with_hidden=True, tree_mask=chain.mask)
         log(f"exporting {role} {type(model).__name__} from {src} ...")
         entry = export_graph(model, out / f"{role}.onnx", role_cfg)
         if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
@@ -230,6 +249,8 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
             eos = eos_ids(src, model)
             if heads_cfg:
                 shapes["tree_verify"] = tree.size
+            if eagle_dir:
+                shapes["tree_verify"] = eagle_tree["nodes"]
         models[role] = {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}
         p = entry["parity_max_abs_diff"]
         log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, exported in {entry['export_seconds']} s; "
@@ -237,6 +258,7 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
             f" (tolerance {TOLERANCE[cfg.dtype]:.0e})")
         del model
     medusa = _export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
+    eagle = _export_eagle(eagle_dir, eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None
     if "draft" in models:  # refuse before writing a manifest that load() would refuse
         check_vocab_match(_graph(out, "target", models["target"]), _graph(out, "draft", models["draft"]))
     manifest = {
@@ -244,11 +266,14 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "max_len": cfg.max_len, "gamma": cfg.gamma,
         "tokenizer": {"dir": "tokenizer", "eos_token_ids": eos, "vocab_sha256": target_vocab},
-        "defaults": {"method": "draft" if "draft" in models else ("medusa" if medusa else "ngram"), "gamma": None},
+        "defaults": {"method": "draft" if "draft" in models else ("medusa" if medusa else ("eagle" if eagle else "ngram")),
+                     "gamma": None},
         "models": models,
     }
     if medusa:
         manifest["medusa"] = medusa
+    if eagle:
+        manifest["eagle"] = eagle
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     load_manifest(out)
     return out
@@ -282,3 +307,25 @@ def _export_medusa(medusa_dir, tree, out: Path, cfg: ExportConfig, log) -> dict:
     log(f"  medusa: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
     return {**section, "tree": tree.to_json(), "source": str(Path(medusa_dir).resolve()),
             "trained_heads": heads.cfg.num_heads, "accuracy": raw.get("accuracy")}
+
+
+def _check_eagle_tree(eagle_tree) -> dict:
+    t = {"nodes": 32, "depth": 5, "topk": 8, **(eagle_tree or {})}
+    if not all(isinstance(t[k], int) and t[k] >= 1 for k in ("nodes", "depth", "topk")) or t["nodes"] < 2:
+        raise ExportError(f"EAGLE tree needs integers nodes >= 2, depth >= 1, topk >= 1; got {t}")
+    return {k: t[k] for k in ("nodes", "depth", "topk")}
+
+
+def _export_eagle(eagle_dir, eagle_tree: dict, target_dir, target_vocab: str, out: Path, cfg: ExportConfig, log) -> dict:
+    """Export the EAGLE head beside the target; returns the manifest's ``eagle`` section."""
+    from .eagle_head import EagleError, export_head_graph, load_head
+
+    model = load_hf(target_dir).float()
+    try:
+        head, raw = load_head(eagle_dir, model)
+        log(f"exporting EAGLE head from {eagle_dir} (dynamic tree: {eagle_tree}) ...")
+        section = export_head_graph(head, out / "eagle.onnx", cfg.dtype, cfg.opset)
+    except EagleError as e:
+        raise ExportError(str(e)) from None
+    log(f"  eagle: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
+    return {**section, "tree": eagle_tree, "source": str(Path(eagle_dir).resolve()), "accuracy": raw.get("accuracy")}

@@ -19,7 +19,7 @@ from .sampling import SamplingError, SamplingParams
 from .text import IncrementalDetokenizer, StopMatcher
 from .tree import compile_tree, load_tree
 
-METHODS = ("none", "draft", "ngram", "medusa")
+METHODS = ("none", "draft", "ngram", "medusa", "eagle")
 
 
 class PromptTooLongError(ValueError):
@@ -70,7 +70,7 @@ class Runtime:
     """
 
     def __init__(self, manifest: Manifest, target: CachedModel, draft: CachedModel | None, tokenizer,
-                 medusa=None):
+                 medusa=None, eagle=None):
         self.manifest = manifest
         self.target = target
         self.draft = draft
@@ -84,6 +84,8 @@ class Runtime:
         tree = manifest.medusa.tree if manifest.medusa else None
         self.tree = compile_tree(tree["choices"], tree["name"]) if tree else None  # tree used by method "medusa"
         self.tree_calibrated = False
+        self.eagle = eagle  # Engine of the EAGLE head graph, if the engine dir has one
+        self.eagle_tree = dict(manifest.eagle.tree) if manifest.eagle else None  # {"nodes", "depth", "topk"}
 
     def _default_gamma(self, manifest: Manifest) -> int | None:
         """The manifest's ``defaults.gamma`` (e.g. written by `specrt profile --write-defaults`); None = adaptive."""
@@ -114,7 +116,8 @@ class Runtime:
             models[role] = CachedModel(engine, spec, m.max_len)
         tok = Tokenizer.from_file(str(m.tokenizer_dir / "tokenizer.json"))
         medusa = open_engine(m.root / m.medusa.file, backend=backend, **engine_options) if m.medusa else None
-        return cls(m, models["target"], models.get("draft"), tok, medusa=medusa)
+        eagle = open_engine(m.root / m.eagle.file, backend=backend, **engine_options) if m.eagle else None
+        return cls(m, models["target"], models.get("draft"), tok, medusa=medusa, eagle=eagle)
 
     def use_tree(self, tree) -> None:
         """Use another candidate tree (a default name, a JSON file, a list of paths or a ``Tree``) for
@@ -186,6 +189,8 @@ class Runtime:
             raise SamplingError("method 'draft' needs an engine dir exported with --draft")
         if method == "medusa" and self.medusa is None:
             raise SamplingError("method 'medusa' needs an engine dir exported with --medusa")
+        if method == "eagle" and self.eagle is None:
+            raise SamplingError("method 'eagle' needs an engine dir exported with --eagle")
         return method
 
     # ---- internals --------------------------------------------------------------------
@@ -209,7 +214,7 @@ class Runtime:
         end_ids = self.eos_ids | set(params.stop_token_ids)
         limit = min(params.max_new_tokens, self.manifest.max_len - len(ids))
         proposer = controller = None
-        if method not in ("none", "medusa") and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
+        if method not in ("none", "medusa", "eagle") and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
             self._calibrate(ids, with_draft=method == "draft")
         self.target.reset()
         if method == "medusa":
@@ -222,6 +227,14 @@ class Runtime:
             stats = TreeStats(acceptance=acceptance, lossy=acceptance == "typical" and not params.greedy)
             steps = tree_speculative_decode(self.target, proposer, self.tree, ids, params, rng, stats,
                                             budget=lambda: limit - len(out), acceptance=acceptance)
+        elif method == "eagle":
+            from .eagle import EagleDrafter, EagleHeadModel, EagleStats, eagle_decode
+
+            t = self.eagle_tree
+            head = EagleHeadModel(self.eagle, self.manifest.eagle, self.manifest.max_len + (t["depth"] + 1) * t["topk"])
+            proposer = EagleDrafter(head, t["topk"], t["depth"], t["nodes"])
+            stats = EagleStats()
+            steps = eagle_decode(self.target, proposer, ids, params, rng, stats, budget=lambda: limit - len(out))
         elif method != "none":
             proposer = DraftModelProposer(self.draft) if method == "draft" else NGramProposer()
             proposer.reset(ids)
@@ -279,6 +292,10 @@ class Runtime:
                  "loop_overhead": max(0.0, 1 - engine_seconds / seconds) if seconds > 0 else 0.0}
         if method == "medusa":
             stats.update(tree_stats(s, self.target.latency, proposer))
+        elif method == "eagle":
+            from .eagle import eagle_stats
+
+            stats.update(eagle_stats(s, self.target.latency, proposer))
         elif method != "none":
             rounds = max(s.rounds, 1)
             c, _ = self.cost(1, proposer)

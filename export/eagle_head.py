@@ -1,0 +1,350 @@
+"""The EAGLE head (EAGLE-1 style): the torch module, its files, and its ONNX graph.
+
+EAGLE autoregresses at the feature level. Its features are the target's ``hidden`` output (the
+last hidden state after the final norm, the vector the target's LM head reads; exported by
+``ExportConfig.with_hidden``). At position t the head reads the feature f_t (which the target's
+LM head turns into the distribution of token t+1) together with the token x_{t+1} actually
+placed there, and predicts the next feature f_{t+1}:
+
+    z_t     = fc([f_t ; embed(x_{t+1})])           2H -> H
+    f̂_{t+1} = LlamaDecoderLayer(z)_t              one layer, causal self-attention, its own KV cache
+    logits  = lm_head(f̂_{t+1})                    the target's FROZEN LM head: predicts x_{t+2}
+
+Because f is taken after the target's final norm, the target's logits are exactly lm_head(f):
+no norm is applied again to the predicted feature. ``embed`` and ``lm_head`` are frozen copies
+of the target's input embedding and LM head; they are not written to the head dir (they are
+copied from the target when the head is loaded), only ``fc`` and the decoder layer are.
+
+Head dir (written by `specrt train eagle`):
+    config.json        {"format": "specrt-eagle-head", "hidden_size", "vocab_size", "num_heads", ...}
+    model.safetensors  fc + layer weights (fp16 by default)
+
+Head graph (``eagle.onnx``), the decoders' time-major contract (export/wrapper.py) plus features:
+    input_ids       int64  [B, Q]          x_{t+1}
+    hidden          float  [B, Q, H]       f_t
+    position_ids    int64  [B, Q]          t (the head's own positions; RoPE)
+    attention_mask  float  [B, 1, Q, P+Q]  additive: 0 = attend, MASK_MIN = masked (tree masks work)
+    past_key.0      float  [P, B, Hkv, D]
+    past_value.0    float  [P, B, Hkv, D]
+    ->
+    logits          float32 [B, Q, V]      lm_head(f̂_{t+1}): the head's distribution of x_{t+2}
+    new_key.0       float  [Q, B, Hkv, D]
+    new_value.0     float  [Q, B, Hkv, D]
+    next_hidden     float  [B, Q, H]       f̂_{t+1}: fed back as the next step's `hidden`
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT = "specrt-eagle-head"
+TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |ORT - torch| on logits and features at export, per dtype
+INPUTS = ["input_ids", "hidden", "position_ids", "attention_mask", "past_key.0", "past_value.0"]
+OUTPUTS = ["logits", "new_key.0", "new_value.0", "next_hidden"]
+
+
+class EagleError(ValueError):
+    """A head dir is missing, corrupt, or was trained for a different target."""
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    hidden_size: int  # H: the target's hidden size (feature width)
+    vocab_size: int  # V: the target's vocabulary
+    num_heads: int = 4  # attention heads of the head's decoder layer
+    num_kv_heads: int = 4  # key/value heads (GQA when < num_heads)
+    intermediate_size: int = 0  # MLP width (0 = 2 * hidden_size; for_target copies the target's)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    target_architecture: str = ""  # HF class of the target the head was trained on
+    target_vocab_sha256: str = ""  # hash of the target tokenizer's vocabulary ("" = unknown)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def for_target(cls, model, **over) -> "EagleConfig":
+        """The head shaped like one layer of ``model`` (a HF causal LM)."""
+        c = model.config.get_text_config()
+        h = int(c.hidden_size)
+        heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 4)
+        kv = int(getattr(c, "num_key_value_heads", 0) or heads)
+        inter = int(getattr(c, "intermediate_size", 0) or getattr(c, "n_inner", 0) or 4 * h)
+        eps = float(getattr(c, "rms_norm_eps", 0) or 1e-6)
+        base = dict(hidden_size=h, vocab_size=int(model.get_output_embeddings().weight.shape[0]), num_heads=heads,
+                    num_kv_heads=kv, intermediate_size=inter, rms_norm_eps=eps,
+                    target_architecture=type(model).__name__)
+        return cls(**{**base, **over})
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(torch.nn.Module):
+    """Llama self-attention (parameter names as HF's LlamaAttention) over a time-major past."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.nh, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_proj = torch.nn.Linear(h, self.nh * d, bias=False)
+        self.k_proj = torch.nn.Linear(h, self.nkv * d, bias=False)
+        self.v_proj = torch.nn.Linear(h, self.nkv * d, bias=False)
+        self.o_proj = torch.nn.Linear(self.nh * d, h, bias=False)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))  # [D/2]
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, x, position_ids, mask, past_k, past_v):
+        b, q, _ = x.shape
+        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, Q, D/2]
+        emb = torch.cat((freqs, freqs), -1)[:, :, None]  # [B, Q, 1, D]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        qs = self.q_proj(x).view(b, q, self.nh, self.d)
+        ks = self.k_proj(x).view(b, q, self.nkv, self.d)
+        vs = self.v_proj(x).view(b, q, self.nkv, self.d)
+        qs = qs * cos + _rotate_half(qs) * sin
+        ks = ks * cos + _rotate_half(ks) * sin
+        new_k, new_v = ks.permute(1, 0, 2, 3), vs.permute(1, 0, 2, 3)  # [Q, B, Hkv, D]
+        keys = torch.cat((past_k, new_k), 0).permute(1, 2, 0, 3)  # [B, Hkv, P+Q, D]
+        vals = torch.cat((past_v, new_v), 0).permute(1, 2, 0, 3)
+        if self.nh != self.nkv:
+            keys = keys.repeat_interleave(self.nh // self.nkv, dim=1)  # [B, Hq, P+Q, D]
+            vals = vals.repeat_interleave(self.nh // self.nkv, dim=1)
+        scores = qs.transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(self.d) + mask  # [B, Hq, Q, P+Q]
+        att = torch.softmax(scores.float(), -1).to(x.dtype) @ vals  # [B, Hq, Q, D]
+        return self.o_proj(att.transpose(1, 2).reshape(b, q, self.nh * self.d)), new_k, new_v
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size or 2 * cfg.hidden_size
+        self.gate_proj = torch.nn.Linear(h, i, bias=False)
+        self.up_proj = torch.nn.Linear(h, i, bias=False)
+        self.down_proj = torch.nn.Linear(i, h, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(torch.nn.Module):
+    """One Llama decoder layer (pre-norm attention + gated MLP, HF parameter names)."""
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, position_ids, mask, past_k, past_v):
+        a, new_k, new_v = self.self_attn(self.input_layernorm(x), position_ids, mask, past_k, past_v)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), new_k, new_v
+
+
+class EagleHead(torch.nn.Module):
+    """``forward(input_ids, hidden, position_ids, attention_mask, past_key, past_value)`` -> (logits,
+    new_key, new_value, predicted features); see the module docstring for shapes."""
+
+    TRAINED = ("fc.", "layer.")  # prefixes of the parameters the head owns (and saves)
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed = torch.nn.Embedding(cfg.vocab_size, h)
+        self.fc = torch.nn.Linear(2 * h, h, bias=True)
+        self.layer = DecoderLayer(cfg)
+        self.lm_head = torch.nn.Linear(h, cfg.vocab_size, bias=False)
+        self.embed.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    def attach_target(self, model) -> "EagleHead":
+        """Copy the target's input embedding and LM head (frozen) into the head."""
+        with torch.no_grad():
+            self.embed.weight.copy_(model.get_input_embeddings().weight)
+            self.lm_head.weight.copy_(model.get_output_embeddings().weight)
+        return self
+
+    def trained_state(self) -> dict:
+        return {k: v for k, v in self.state_dict().items() if k.startswith(self.TRAINED)}
+
+    def features(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+        z = self.fc(torch.cat((hidden, self.embed(input_ids).to(hidden.dtype)), -1))
+        return self.layer(z, position_ids, attention_mask, past_key, past_value)
+
+    def forward(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+        feat, new_k, new_v = self.features(input_ids, hidden, position_ids, attention_mask, past_key, past_value)
+        return self.lm_head(feat).float(), new_k, new_v, feat
+
+    def empty_past(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
+        return torch.zeros(0, batch, self.cfg.num_kv_heads, self.cfg.head_dim, dtype=dtype)
+
+
+def causal_mask(past_len: int, q: int, dtype=torch.float32) -> torch.Tensor:
+    from .wrapper import chain_mask
+
+    return chain_mask(past_len, q, dtype)
+
+
+# ---- files ----------------------------------------------------------------------------------------
+def save_head(head: EagleHead, out: str | Path, extra: dict | None = None, dtype=torch.float16) -> Path:
+    """Write config.json + model.safetensors (the trained weights only, cast to ``dtype``)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in head.trained_state().items()}
+    save_file(state, str(out / "model.safetensors"))
+    config = {"format": FORMAT, **asdict(head.cfg), "dtype": str(dtype).replace("torch.", ""), **(extra or {})}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def read_head_config(head_dir: str | Path) -> tuple[EagleConfig, dict]:
+    head_dir = Path(head_dir)
+    path = head_dir / "config.json"
+    if not path.is_file() or not (head_dir / "model.safetensors").is_file():
+        raise EagleError(f"{head_dir} is not an EAGLE head dir (needs config.json and model.safetensors; "
+                         "train one with `specrt train eagle`)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EagleError(f"{path} is not valid JSON: {e}") from None
+    if raw.get("format") != FORMAT:
+        raise EagleError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
+    try:
+        cfg = EagleConfig(**{k: raw[k] for k in EagleConfig.__dataclass_fields__ if k in raw})
+    except TypeError as e:
+        raise EagleError(f"{path}: incomplete head config ({e})") from None
+    return cfg, raw
+
+
+def check_head_match(cfg: EagleConfig, hidden_size: int, vocab_size: int, vocab_sha256: str | None = None,
+                     where: str = "EAGLE head") -> None:
+    if (cfg.hidden_size, cfg.vocab_size) != (hidden_size, vocab_size):
+        raise EagleError(f"{where} was trained for another target: hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
+                         f"the target's are hidden {hidden_size}, vocab {vocab_size}")
+    if vocab_sha256 and cfg.target_vocab_sha256 and cfg.target_vocab_sha256 != vocab_sha256:
+        raise EagleError(f"{where} was trained for another target: tokenizer vocabulary sha256 "
+                         f"{cfg.target_vocab_sha256[:12]} differs from the target's {vocab_sha256[:12]}")
+
+
+def load_head(head_dir: str | Path, target_model, dtype=torch.float32) -> tuple[EagleHead, dict]:
+    """(head in eval mode with the target's embedding and LM head attached, raw config dict)."""
+    from safetensors.torch import load_file
+
+    cfg, raw = read_head_config(head_dir)
+    emb = target_model.get_output_embeddings().weight
+    check_head_match(cfg, int(emb.shape[1]), int(emb.shape[0]), where=f"EAGLE head {head_dir}")
+    head = EagleHead(cfg).attach_target(target_model)
+    state = load_file(str(Path(head_dir) / "model.safetensors"))
+    want = set(head.trained_state())
+    if set(state) != want:
+        raise EagleError(f"{head_dir}: weights do not match config.json (missing {sorted(want - set(state))[:3]}, "
+                         f"unexpected {sorted(set(state) - want)[:3]})")
+    head.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    return head.to(dtype).eval(), raw
+
+
+# ---- ONNX -----------------------------------------------------------------------------------------
+class _HeadGraph(torch.nn.Module):
+    def __init__(self, head: EagleHead):
+        super().__init__()
+        self.head = head
+
+    def forward(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+        return self.head(input_ids, hidden, position_ids, attention_mask, past_key, past_value)
+
+
+def parity_cases(cfg: EagleConfig, tdtype, seed: int = 0) -> list[dict]:
+    """Feeds checked at export: a 7-token prefill on an empty past, a decode step, and a 6-node tree."""
+    from .wrapper import MASK_MIN
+
+    g = torch.Generator().manual_seed(seed)
+    cases = []
+    tree = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+                         [1, 1, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    for past, q, tree_mask in ((0, 7, None), (7, 1, None), (8, 6, tree)):
+        mask = causal_mask(past, q, tdtype)
+        if tree_mask is not None:
+            mask[0, 0, :, past:] = torch.where(tree_mask, 0.0, MASK_MIN).to(tdtype)
+        depth = tree_mask.sum(1) - 1 if tree_mask is not None else torch.arange(q)
+        cases.append({
+            "input_ids": torch.randint(0, cfg.vocab_size, (1, q), generator=g),
+            "hidden": torch.randn(1, q, cfg.hidden_size, generator=g).to(tdtype),
+            "position_ids": (past + depth)[None].long(),
+            "attention_mask": mask,
+            "past_key.0": torch.randn(past, 1, cfg.num_kv_heads, cfg.head_dim, generator=g).to(tdtype),
+            "past_value.0": torch.randn(past, 1, cfg.num_kv_heads, cfg.head_dim, generator=g).to(tdtype),
+        })
+    return cases
+
+
+def export_head_graph(head: EagleHead, path: Path, dtype: str = "fp32", opset: int = 17) -> dict:
+    """Export the head graph, check ORT against torch on ``parity_cases``; return its manifest section."""
+    from ..engines.ort import OrtEngine
+
+    cfg = head.cfg
+    tdtype = torch.float16 if dtype == "fp16" else torch.float32
+    graph = _HeadGraph(head.to(tdtype).eval())
+    cases = parity_cases(cfg, tdtype)
+    example = cases[2]
+    t0 = time.time()
+    axes = {"input_ids": {0: "batch", 1: "q"}, "hidden": {0: "batch", 1: "q"}, "position_ids": {0: "batch", 1: "q"},
+            "attention_mask": {0: "batch", 2: "q", 3: "total"}, "past_key.0": {0: "past", 1: "batch"},
+            "past_value.0": {0: "past", 1: "batch"}, "logits": {0: "batch", 1: "q"},
+            "new_key.0": {0: "q", 1: "batch"}, "new_value.0": {0: "q", 1: "batch"}}
+    with torch.no_grad():
+        torch.onnx.export(graph, tuple(example[n] for n in INPUTS), str(path), input_names=INPUTS,
+                          output_names=OUTPUTS, dynamic_axes={**axes, "next_hidden": {0: "batch", 1: "q"}},
+                          opset_version=opset, dynamo=False)
+    engine = OrtEngine(path)
+    diff = 0.0
+    for feeds in cases:
+        with torch.no_grad():
+            ref = [t.float().numpy() for t in graph(*(feeds[n] for n in INPUTS))]
+        got = engine.run({n: feeds[n].numpy() for n in INPUTS})
+        for name, r in zip(OUTPUTS, ref):
+            diff = max(diff, float(np.abs(got[name].astype(np.float32) - r).max()))
+    if diff > TOLERANCE[dtype]:
+        raise EagleError(f"EAGLE head graph parity check failed: max |ORT - torch| {diff:.2e} > {TOLERANCE[dtype]:.0e}")
+    kv = "float16" if dtype == "fp16" else "float32"
+    past = ["past", "batch", cfg.num_kv_heads, cfg.head_dim]
+    new = ["q", "batch", cfg.num_kv_heads, cfg.head_dim]
+    return {"file": path.name, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "dtype": dtype,
+            "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "q"]},
+                       {"name": "hidden", "dtype": kv, "shape": ["batch", "q", cfg.hidden_size]},
+                       {"name": "position_ids", "dtype": "int64", "shape": ["batch", "q"]},
+                       {"name": "attention_mask", "dtype": kv, "shape": ["batch", 1, "q", "total"]},
+                       {"name": "past_key.0", "dtype": kv, "shape": past},
+                       {"name": "past_value.0", "dtype": kv, "shape": past}],
+            "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", "q", cfg.vocab_size]},
+                        {"name": "new_key.0", "dtype": kv, "shape": new},
+                        {"name": "new_value.0", "dtype": kv, "shape": new},
+                        {"name": "next_hidden", "dtype": kv, "shape": ["batch", "q", cfg.hidden_size]}],
+            "parameters": sum(v.numel() for v in head.trained_state().values()),
+            "export_seconds": round(time.time() - t0, 1), "parity_max_abs_diff": diff, "tolerance": TOLERANCE[dtype]}
