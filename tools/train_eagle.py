@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .train_medusa import CHECKPOINT, TrainError, encode_files, expand_paths
+from .train_medusa import (CHECKPOINT, TrainError, encode_files, expand_paths, load_resume_state, sample_windows,
+                           save_resume_state, warmup_cosine_lr)
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
 
@@ -134,39 +134,21 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     step, history, seconds = 0, [], 0.0
     ckpt = out / CHECKPOINT
     if resume:
-        if not ckpt.is_file():
-            raise TrainError(f"--resume: no checkpoint at {ckpt}")
-        state = torch.load(ckpt, weights_only=False)
-        saved = EagleTrainConfig(**state["config"])
-        if replace(saved, steps=cfg.steps) != cfg:
-            raise TrainError(f"--resume: the checkpoint was written with a different config: {saved} vs {cfg}")
-        head.load_state_dict(state["head"], strict=False)
+        state = load_resume_state(ckpt, cfg, log)
+        head.load_state_dict(state["weights"], strict=False)
         opt.load_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         step, history, seconds = state["step"], state["history"], state["seconds"]
-        log(f"resuming from step {step} ({ckpt})")
-
-    def lr_at(s: int) -> float:
-        warm = max(1, cfg.steps // 20)
-        if s < warm:
-            return cfg.lr * (s + 1) / warm
-        return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
-
-    def save_checkpoint() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save({"config": asdict(cfg), "head": head.trained_state(), "opt": opt.state_dict(), "step": step,
-                    "rng": rng.bit_generator.state, "history": history, "seconds": seconds}, ckpt)
 
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(initial=step, total=cfg.steps, desc="eagle", disable=not progress)
     t0 = time.time()
     while step < end:
-        starts = rng.integers(0, len(train_ids) - cfg.seq, cfg.batch)
-        ids = torch.from_numpy(np.stack([train_ids[s : s + cfg.seq] for s in starts]))  # [B, T]
+        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
         with torch.no_grad():
             o = model(input_ids=ids, output_hidden_states=True)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
         loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -183,7 +165,7 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
         if step % cfg.save_every == 0 or step == end:
             seconds += time.time() - t0
             t0 = time.time()
-            save_checkpoint()
+            save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
     bar.close()
     done = len(history) >= cfg.steps
     final = next((h["eval"] for h in reversed(history) if "eval" in h), None)

@@ -36,6 +36,44 @@ class TrainError(ValueError):
     pass
 
 
+def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay from ``peak`` to 10% of it."""
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
+
+def sample_windows(rng: np.random.Generator, ids: np.ndarray, batch: int, seq: int):
+    """``batch`` random training windows of ``seq`` tokens: int64 tensor [batch, seq]."""
+    import torch
+
+    starts = rng.integers(0, len(ids) - seq, batch)
+    return torch.from_numpy(np.stack([ids[s : s + seq] for s in starts]))
+
+
+def load_resume_state(ckpt: Path, cfg, log) -> dict:
+    """The checkpoint a ``--resume`` run continues from; its config must equal ``cfg`` (steps aside)."""
+    import torch
+
+    if not ckpt.is_file():
+        raise TrainError(f"--resume: no checkpoint at {ckpt}")
+    state = torch.load(ckpt, weights_only=False)
+    saved = type(cfg)(**state["config"])
+    if replace(saved, steps=cfg.steps) != cfg:
+        raise TrainError(f"--resume: the checkpoint was written with a different config: {saved} vs {cfg}")
+    log(f"resuming from step {state['step']} ({ckpt})")
+    return state
+
+
+def save_resume_state(ckpt: Path, cfg, weights: dict, opt, step: int, rng, history: list, seconds: float) -> None:
+    import torch
+
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": asdict(cfg), "weights": weights, "opt": opt.state_dict(), "step": step,
+                "rng": rng.bit_generator.state, "history": history, "seconds": seconds}, ckpt)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     heads: int = 4  # K heads
@@ -178,39 +216,21 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     step, history, seconds = 0, [], 0.0  # steps done, per-step records, training seconds so far
     ckpt = out / CHECKPOINT
     if resume:
-        if not ckpt.is_file():
-            raise TrainError(f"--resume: no checkpoint at {ckpt}")
-        state = torch.load(ckpt, weights_only=False)
-        saved = TrainConfig(**state["config"])
-        if replace(saved, steps=cfg.steps) != cfg:
-            raise TrainError(f"--resume: the checkpoint was written with a different config: {saved} vs {cfg}")
-        heads.load_state_dict(state["heads"])
+        state = load_resume_state(ckpt, cfg, log)
+        heads.load_state_dict(state["weights"])
         opt.load_state_dict(state["opt"])
         rng.bit_generator.state = state["rng"]
         step, history, seconds = state["step"], state["history"], state["seconds"]
-        log(f"resuming from step {step} ({ckpt})")
-
-    def lr_at(s: int) -> float:
-        warm = max(1, cfg.steps // 20)
-        if s < warm:
-            return cfg.lr * (s + 1) / warm
-        return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm))))
-
-    def save_checkpoint() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        torch.save({"config": asdict(cfg), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "rng": rng.bit_generator.state, "history": history, "seconds": seconds}, ckpt)
 
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(initial=step, total=cfg.steps, desc="medusa", disable=not progress)
     t0 = time.time()
     while step < end:
-        starts = rng.integers(0, len(train_ids) - cfg.seq, cfg.batch)
-        ids = torch.from_numpy(np.stack([train_ids[s : s + cfg.seq] for s in starts]))  # [B, T]
+        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
         with torch.no_grad():
             o = model(input_ids=ids, output_hidden_states=True)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
+            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
         loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -227,7 +247,7 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
         if step % cfg.save_every == 0 or step == end:
             seconds += time.time() - t0
             t0 = time.time()
-            save_checkpoint()
+            save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
     bar.close()
     done = len(history) >= cfg.steps
     final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
