@@ -207,42 +207,13 @@ class Runtime:
 
     def _events(self, ids, params: SamplingParams, method: str, gamma, holder, acceptance: str = "exact"):
         rng = np.random.default_rng(params.seed)
-        stats = DecodeStats()
         stops = StopMatcher(params.stop)
         detok = IncrementalDetokenizer(self.tokenizer)
         out: list[int] = holder["token_ids"]
         end_ids = self.eos_ids | set(params.stop_token_ids)
         limit = min(params.max_new_tokens, self.manifest.max_len - len(ids))
-        proposer = controller = None
-        if method not in ("none", "medusa", "eagle") and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
-            self._calibrate(ids, with_draft=method == "draft")
-        self.target.reset()
-        if method == "medusa":
-            proposer = MedusaProposer(self.medusa, self.manifest.medusa, self.tree)
-            if not self.tree_calibrated:
-                self.target.prefill(ids)
-                calibrate_tree(self.target, proposer, ids[-1])
-                self.target.reset()
-                self.tree_calibrated = True
-            stats = TreeStats(acceptance=acceptance, lossy=acceptance == "typical" and not params.greedy)
-            steps = tree_speculative_decode(self.target, proposer, self.tree, ids, params, rng, stats,
-                                            budget=lambda: limit - len(out), acceptance=acceptance)
-        elif method == "eagle":
-            from .eagle import EagleDrafter, EagleHeadModel, EagleStats, eagle_decode
-
-            t = self.eagle_tree
-            head = EagleHeadModel(self.eagle, self.manifest.eagle, self.manifest.max_len + (t["depth"] + 1) * t["topk"])
-            proposer = EagleDrafter(head, t["topk"], t["depth"], t["nodes"])
-            stats = EagleStats()
-            steps = eagle_decode(self.target, proposer, ids, params, rng, stats, budget=lambda: limit - len(out))
-        elif method != "none":
-            proposer = DraftModelProposer(self.draft) if method == "draft" else NGramProposer()
-            proposer.reset(ids)
-            controller = GammaController(self.gamma_max, fixed=gamma, state=self.alpha_state.get(method))
-            steps = speculative_decode(self.target, proposer, controller, ids, params, rng, stats,
-                                       budget=lambda: limit - len(out), cost=lambda g: self.cost(g, proposer))
-        else:
-            steps = decode_plain(self.target, ids, params, rng, stats)
+        steps, proposer, controller, stats = self._start_decoder(method, ids, params, rng, gamma, acceptance,
+                                                                 budget=lambda: limit - len(out))
         t0, engine_s0 = time.perf_counter(), self._engine_seconds()
         finish = None
         for new in steps:
@@ -269,6 +240,41 @@ class Runtime:
             self.alpha_state[method] = controller.export_state()
         holder["stats"] = self.stats_for(stats, out, method, controller, proposer, time.perf_counter() - t0,
                                          self._engine_seconds() - engine_s0)
+
+    def _start_decoder(self, method: str, ids, params: SamplingParams, rng, gamma, acceptance: str, budget):
+        """The decode generator for ``method`` (plus its proposer, γ controller and stats object)."""
+        proposer = controller = None
+        stats = DecodeStats()
+        if method in ("draft", "ngram") and not (self.calibrated and (method != "draft" or 1 in self.draft.latency)):
+            self._calibrate(ids, with_draft=method == "draft")
+        self.target.reset()
+        if method == "medusa":
+            proposer = MedusaProposer(self.medusa, self.manifest.medusa, self.tree)
+            if not self.tree_calibrated:
+                self.target.prefill(ids)
+                calibrate_tree(self.target, proposer, ids[-1])
+                self.target.reset()
+                self.tree_calibrated = True
+            stats = TreeStats(acceptance=acceptance, lossy=acceptance == "typical" and not params.greedy)
+            steps = tree_speculative_decode(self.target, proposer, self.tree, ids, params, rng, stats,
+                                            budget=budget, acceptance=acceptance)
+        elif method == "eagle":
+            from .eagle import EagleDrafter, EagleHeadModel, EagleStats, eagle_decode
+
+            t = self.eagle_tree
+            head = EagleHeadModel(self.eagle, self.manifest.eagle, self.manifest.max_len + (t["depth"] + 1) * t["topk"])
+            proposer = EagleDrafter(head, t["topk"], t["depth"], t["nodes"])
+            stats = EagleStats()
+            steps = eagle_decode(self.target, proposer, ids, params, rng, stats, budget=budget)
+        elif method != "none":
+            proposer = DraftModelProposer(self.draft) if method == "draft" else NGramProposer()
+            proposer.reset(ids)
+            controller = GammaController(self.gamma_max, fixed=gamma, state=self.alpha_state.get(method))
+            steps = speculative_decode(self.target, proposer, controller, ids, params, rng, stats,
+                                       budget=budget, cost=lambda g: self.cost(g, proposer))
+        else:
+            steps = decode_plain(self.target, ids, params, rng, stats)
+        return steps, proposer, controller, stats
 
     def _calibrate(self, ids, with_draft: bool) -> None:
         """Measure T(q) for q = 1..γmax+1 (and a draft step) once, on this prompt's cache."""
