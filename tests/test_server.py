@@ -314,8 +314,10 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(server, path, body
     err = r.json()["error"]
     assert err["code"] == code and err["param"] == param and err["message"]
     assert err["type"] == "invalid_request_error"
+    # the server keeps serving (exact outputs are checked by the tests above; here a request from an
+    # earlier test may still share the batch, and a near-tie of this random tiny model can flip)
     ok = httpx.post(server.url + "/v1/completions", json=GOOD, headers=AUTH)
-    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    assert ok.status_code == 200 and 1 <= ok.json()["usage"]["completion_tokens"] <= GOOD["max_tokens"]
 
 
 def test_openai_client_raises_on_errors(client):
