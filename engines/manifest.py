@@ -172,18 +172,8 @@ def load_manifest(engine_dir: str | Path) -> Manifest:
 def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
     """Validate the optional ``medusa`` section against the target graph it reads from."""
     spec = MedusaSpec(**{f.name: _require(m, f.name, "medusa.") for f in fields(MedusaSpec)})
-    if not (root / spec.file).is_file():
-        raise EngineError(f"engine dir {root}: medusa heads graph file {spec.file!r} is missing")
-    geo = target.geometry
-    if not target.has_hidden:
-        raise EngineError("manifest.json: medusa heads need a target graph with the `hidden` output (has_hidden)")
-    if (spec.hidden_size, spec.vocab_size) != (geo.hidden_size, geo.vocab_size):
-        raise EngineError(f"manifest.json: medusa heads (hidden {spec.hidden_size}, vocab {spec.vocab_size}) do not "
-                          f"match the target (hidden {geo.hidden_size}, vocab {geo.vocab_size})")
-    nodes, depth = _require(spec.tree, "nodes", "medusa.tree."), _require(spec.tree, "depth", "medusa.tree.")
-    if target.shapes.get("tree_verify") != nodes:
-        raise EngineError(f"manifest.json: medusa.tree has {nodes} nodes but models.target.shapes.tree_verify is "
-                          f"{target.shapes.get('tree_verify')}")
+    _check_head_section(root, spec, target, "medusa", "medusa heads", plural=True)
+    depth = _require(spec.tree, "depth", "medusa.tree.")
     if depth > spec.num_heads:
         raise EngineError(f"manifest.json: medusa.tree is {depth} deep but there are only {spec.num_heads} heads")
     return spec
@@ -192,22 +182,30 @@ def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
 def _eagle(root: Path, m: dict, target: GraphSpec) -> EagleSpec:
     """Validate the optional ``eagle`` section against the target graph it reads from."""
     spec = EagleSpec(**{f.name: _require(m, f.name, "eagle.") for f in fields(EagleSpec)})
-    if not (root / spec.file).is_file():
-        raise EngineError(f"engine dir {root}: EAGLE head graph file {spec.file!r} is missing")
-    geo = target.geometry
-    if not target.has_hidden:
-        raise EngineError("manifest.json: the EAGLE head needs a target graph with the `hidden` output (has_hidden)")
-    if (spec.hidden_size, spec.vocab_size) != (geo.hidden_size, geo.vocab_size):
-        raise EngineError(f"manifest.json: EAGLE head (hidden {spec.hidden_size}, vocab {spec.vocab_size}) does not "
-                          f"match the target (hidden {geo.hidden_size}, vocab {geo.vocab_size})")
-    nodes = _require(spec.tree, "nodes", "eagle.tree.")
+    _check_head_section(root, spec, target, "eagle", "EAGLE head", plural=False)
     for key in ("depth", "topk"):
         if int(_require(spec.tree, key, "eagle.tree.")) < 1:
             raise EngineError(f"manifest.json: eagle.tree.{key} must be >= 1")
-    if target.shapes.get("tree_verify") != nodes:
-        raise EngineError(f"manifest.json: eagle.tree has {nodes} nodes but models.target.shapes.tree_verify is "
-                          f"{target.shapes.get('tree_verify')}")
     return spec
+
+
+def _check_head_section(root: Path, spec, target: GraphSpec, section: str, label: str, plural: bool) -> None:
+    """Checks shared by the ``medusa`` and ``eagle`` sections: the head graph file exists, the target
+    outputs ``hidden``, hidden/vocab sizes match the target, and the tree fits its tree-verify shape."""
+    if not (root / spec.file).is_file():
+        raise EngineError(f"engine dir {root}: {label} graph file {spec.file!r} is missing")
+    geo = target.geometry
+    if not target.has_hidden:
+        raise EngineError(f"manifest.json: {label} need{'' if plural else 's'} a target graph with the `hidden` "
+                          "output (has_hidden)")
+    if (spec.hidden_size, spec.vocab_size) != (geo.hidden_size, geo.vocab_size):
+        raise EngineError(f"manifest.json: {label} (hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
+                          f"{'do' if plural else 'does'} not match the target (hidden {geo.hidden_size}, "
+                          f"vocab {geo.vocab_size})")
+    nodes = _require(spec.tree, "nodes", f"{section}.tree.")
+    if target.shapes.get("tree_verify") != nodes:
+        raise EngineError(f"manifest.json: {section}.tree has {nodes} nodes but models.target.shapes.tree_verify "
+                          f"is {target.shapes.get('tree_verify')}")
 
 
 def check_vocab_match(target: GraphSpec, draft: GraphSpec) -> None:
