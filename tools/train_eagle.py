@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .train_medusa import (CHECKPOINT, TrainError, encode_files, expand_paths, load_resume_state, sample_windows,
-                           save_resume_state, warmup_cosine_lr)
+                           save_resume_state, training_record, warmup_cosine_lr)
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
 
@@ -167,13 +167,8 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
             t0 = time.time()
             save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
     bar.close()
-    done = len(history) >= cfg.steps
-    final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
-    result = {"config": asdict(cfg), "steps_done": len(history), "finished": done, "seconds": round(seconds, 1),
-              "target": str(target_dir.resolve()), "train_files": len(train_files), "heldout_files": len(held),
-              "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)), "torch": torch.__version__,
-              "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
-              "final_loss": history[-1]["loss"] if history else None}
+    result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    done, final = result["finished"], result["accuracy"]
     if done:
         extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
         save_head(head, out, extra=extra, dtype=torch.float16 if cfg.dtype == "fp16" else torch.float32)

@@ -66,6 +66,19 @@ def load_resume_state(ckpt: Path, cfg, log) -> dict:
     return state
 
 
+def training_record(cfg, history: list, seconds: float, target_dir: Path, train_files, held, train_ids,
+                    held_ids) -> dict:
+    """The summary a head trainer writes to training.json (and returns): config, data, last held-out eval."""
+    import torch
+
+    final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
+    return {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
+            "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "train_files": len(train_files),
+            "heldout_files": len(held), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
+            "torch": torch.__version__, "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
+            "final_loss": history[-1]["loss"] if history else None}
+
+
 def save_resume_state(ckpt: Path, cfg, weights: dict, opt, step: int, rng, history: list, seconds: float) -> None:
     import torch
 
@@ -249,13 +262,8 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
             t0 = time.time()
             save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
     bar.close()
-    done = len(history) >= cfg.steps
-    final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
-    result = {"config": asdict(cfg), "steps_done": len(history), "finished": done, "seconds": round(seconds, 1),
-              "target": str(target_dir.resolve()), "train_files": len(train_files), "heldout_files": len(held),
-              "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)), "torch": torch.__version__,
-              "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
-              "final_loss": history[-1]["loss"] if history else None}
+    result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    done, final = result["finished"], result["accuracy"]
     if done:
         extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
         save_heads(heads, out, extra=extra, dtype=torch.float16 if cfg.dtype == "fp16" else torch.float32)
