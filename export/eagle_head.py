@@ -34,14 +34,15 @@ Head graph (``eagle.onnx``), the decoders' time-major contract (export/wrapper.p
 """
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .head_files import read_head_dir, write_head_dir
 
 FORMAT = "specrt-eagle-head"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |ORT - torch| on logits and features at export, per dtype
@@ -212,34 +213,11 @@ def causal_mask(past_len: int, q: int, dtype=torch.float32) -> torch.Tensor:
 # ---- files ----------------------------------------------------------------------------------------
 def save_head(head: EagleHead, out: str | Path, extra: dict | None = None, dtype=torch.float16) -> Path:
     """Write config.json + model.safetensors (the trained weights only, cast to ``dtype``)."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in head.trained_state().items()}
-    save_file(state, str(out / "model.safetensors"))
-    config = {"format": FORMAT, **asdict(head.cfg), "dtype": str(dtype).replace("torch.", ""), **(extra or {})}
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
+    return write_head_dir(out, head.trained_state(), head.cfg, FORMAT, dtype, extra)
 
 
 def read_head_config(head_dir: str | Path) -> tuple[EagleConfig, dict]:
-    head_dir = Path(head_dir)
-    path = head_dir / "config.json"
-    if not path.is_file() or not (head_dir / "model.safetensors").is_file():
-        raise EagleError(f"{head_dir} is not an EAGLE head dir (needs config.json and model.safetensors; "
-                         "train one with `specrt train eagle`)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EagleError(f"{path} is not valid JSON: {e}") from None
-    if raw.get("format") != FORMAT:
-        raise EagleError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
-    try:
-        cfg = EagleConfig(**{k: raw[k] for k in EagleConfig.__dataclass_fields__ if k in raw})
-    except TypeError as e:
-        raise EagleError(f"{path}: incomplete head config ({e})") from None
-    return cfg, raw
+    return read_head_dir(head_dir, FORMAT, EagleConfig, EagleError, "an EAGLE head", "head", "specrt train eagle")
 
 
 def check_head_match(cfg: EagleConfig, hidden_size: int, vocab_size: int, vocab_sha256: str | None = None,

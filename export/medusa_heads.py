@@ -20,13 +20,14 @@ Heads graph (`medusa.onnx` in an engine dir):
 """
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from .head_files import read_head_dir, write_head_dir
 
 FORMAT = "specrt-medusa-heads"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |ORT - torch| on head logits at export, per dtype
@@ -86,34 +87,11 @@ class MedusaHeads(torch.nn.Module):
 
 def save_heads(heads: MedusaHeads, out: str | Path, extra: dict | None = None, dtype=torch.float16) -> Path:
     """Write config.json + model.safetensors (weights cast to ``dtype``)."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"))
-    config = {"format": FORMAT, **asdict(heads.cfg), "dtype": str(dtype).replace("torch.", ""), **(extra or {})}
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
+    return write_head_dir(out, heads.state_dict(), heads.cfg, FORMAT, dtype, extra)
 
 
 def read_heads_config(heads_dir: str | Path) -> tuple[HeadsConfig, dict]:
-    heads_dir = Path(heads_dir)
-    path = heads_dir / "config.json"
-    if not path.is_file() or not (heads_dir / "model.safetensors").is_file():
-        raise HeadsError(f"{heads_dir} is not a Medusa heads dir (needs config.json and model.safetensors; "
-                         "train one with `specrt train medusa`)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise HeadsError(f"{path} is not valid JSON: {e}") from None
-    if raw.get("format") != FORMAT:
-        raise HeadsError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
-    try:
-        cfg = HeadsConfig(**{k: raw[k] for k in HeadsConfig.__dataclass_fields__ if k in raw})
-    except TypeError as e:
-        raise HeadsError(f"{path}: incomplete heads config ({e})") from None
-    return cfg, raw
+    return read_head_dir(heads_dir, FORMAT, HeadsConfig, HeadsError, "a Medusa heads", "heads", "specrt train medusa")
 
 
 def load_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads, dict]:
