@@ -45,7 +45,7 @@ class DecodeStats:
         if not self.proposal_lengths:
             return 1.0
         num = sum(expected_tokens(alpha, k) for k in self.proposal_lengths)
-        den = sum(k * cost(k)[0] + cost(k)[1] for k in self.proposal_lengths)
+        den = sum(k * c + ratio for k in self.proposal_lengths for c, ratio in [cost(k)])
         return num / den
 
 
