@@ -131,10 +131,11 @@ class PolicyConfig:
 class SpeculationPolicy:
     """``choose_gamma`` with its measurements: the target's T(n) and draft's D(B) curves, and probing."""
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: PolicyConfig, target_curve: LatencyCurve | None = None,
+                 draft_curve: LatencyCurve | None = None):
         self.config = config
-        self.target_curve = LatencyCurve()  # n = Q·B positions -> seconds of one target pass
-        self.draft_curve = LatencyCurve()  # n = Q·B positions -> seconds of one draft pass
+        self.target_curve = target_curve if target_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one target pass
+        self.draft_curve = draft_curve if draft_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one draft pass
         self._idle_steps = 0
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
 

@@ -1,4 +1,4 @@
-"""`specrt serve`: an OpenAI-compatible HTTP server over one ``BatchedGenerator`` (FastAPI + uvicorn).
+"""`specrt serve`: an OpenAI-compatible HTTP server over one ``DecodeCore`` (FastAPI + uvicorn).
 
 ``create_app(runtime, config)`` builds the app and its engine worker (started and stopped with
 the app's lifespan); nothing is global, so several apps can live in one process. See
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .batch import BatchConfig, BatchedGenerator
+from .core import CoreConfig, DecodeCore
 from .openai_api import (ApiError, ChatCompletionRequest, ChatTemplate, CompletionRequest, chat_body, chat_chunk,
                          completion_body, completion_chunk, error_body, new_id, parse_request, speculation_field,
                          sse, usage, usage_chunk)
@@ -34,7 +34,7 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
 @dataclass
 class ServerConfig:
     model_name: str  # the id in GET /v1/models; requests must name it in "model"
-    batch: BatchConfig = field(default_factory=BatchConfig)  # slots, method, γ (None = batch-aware policy)
+    batch: CoreConfig = field(default_factory=CoreConfig)  # slots, method, γ (None = batch-aware policy)
     max_queue: int = 128  # requests waiting for a slot beyond which new ones get 429
     api_key: str | None = None  # if set, /v1/* require "Authorization: Bearer <api_key>"
 
@@ -69,9 +69,9 @@ class MetricsMiddleware:
 
 def create_app(runtime, config: ServerConfig) -> FastAPI:
     """An ASGI app serving ``runtime``'s engine dir. The engine worker runs while the app's lifespan does."""
-    generator = BatchedGenerator(runtime, config.batch)
+    generator = DecodeCore(runtime, config.batch)
     metrics = ServerMetrics(max_batch=config.batch.max_batch, policy=generator.policy,
-                            current_alpha=lambda: generator.acceptance.alpha)
+                            current_alpha=lambda: generator.served.alpha)
     worker = EngineWorker(generator, config.max_queue, on_step=metrics.observe_step,
                           on_cancel=lambda handle: metrics.cancelled.inc())
     template = ChatTemplate(runtime.manifest.tokenizer_dir)

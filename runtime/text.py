@@ -1,6 +1,14 @@
 """Streaming text: incremental detokenization and stop strings."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass
+class StreamEvent:
+    token_id: int | None  # the token produced; None for a final text-only flush event
+    text: str  # text this token made final ("" while a multi-byte char or possible stop string is held)
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.

@@ -1,4 +1,4 @@
-"""The one engine worker: a thread that owns a ``BatchedGenerator`` and serves a bounded FIFO queue.
+"""The one engine worker: a thread that owns a ``DecodeCore`` and serves a bounded FIFO queue.
 
 Callers (the HTTP server's handlers, a benchmark) ``submit`` requests from any thread and get
 a ``RequestHandle``; the worker calls the handle's ``on_event`` from its own thread with
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .batch import BatchedGenerator, SequenceRequest, StepReport
+from .core import DecodeCore, SequenceRequest, StepReport
 
 
 class QueueFullError(RuntimeError):
@@ -38,7 +38,7 @@ class DoneEvent:
     finish_reason: str  # "stop" | "length"
     token_ids: list  # all generated ids
     text: str  # all generated text (stop string excluded)
-    stats: dict  # per-request speculation stats (BatchedGenerator.stats_for)
+    stats: dict  # per-request speculation stats (DecodeCore.stats_for)
 
 
 @dataclass
@@ -67,7 +67,7 @@ class RequestHandle:
 class EngineWorker:
     """Runs ``generator`` on one thread. ``on_step(report, queue_depth)`` observes every step (metrics)."""
 
-    def __init__(self, generator: BatchedGenerator, max_queue: int = 128,
+    def __init__(self, generator: DecodeCore, max_queue: int = 128,
                  on_step: Callable[[StepReport | None, int, int], None] | None = None,
                  on_cancel: Callable[[RequestHandle], None] | None = None):
         self.generator = generator

@@ -1,13 +1,13 @@
-"""Batched generation (runtime/batch.py) and the batch-aware speculation policy (runtime/batch_policy.py)."""
+"""Batched generation through the decode core (runtime/core.py) and the batch-aware policy (runtime/batch_policy.py)."""
 import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.batch import BatchConfig, BatchedGenerator, SequenceRequest
+from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.batch_policy import (LatencyCurve, PolicyConfig, SpeculationPolicy, choose_gamma, monotone,
                                          speculation_max_batch)
-from specrt.runtime.model import CachedModel
 from specrt.runtime.sampling import SamplingError, SamplingParams
+from fresh import fresh_logits
 
 # mixed lengths: 1 token, shorter and longer than the prefill chunk (16), one that hits the cache cap
 PROMPTS = [[5], [3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], list(range(1, 21)),
@@ -20,7 +20,7 @@ def rt(llama_engine):
     return specrt.load(llama_engine)
 
 
-def run_all(gen: BatchedGenerator, requests: list[SequenceRequest]) -> dict:
+def run_all(gen: DecodeCore, requests: list[SequenceRequest]) -> dict:
     """Admit in order whenever a slot is free, step until all finish; request_id -> (ids, text, finish, stats)."""
     pending, done, streamed = list(requests), {}, {r.request_id: [] for r in requests}
 
@@ -48,7 +48,7 @@ def requests_for(params_list):
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 4), ("draft", None), ("ngram", 3),
                                           ("ngram", None)])
 def test_greedy_rows_equal_runtime(rt, method, gamma):
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=3, method=method, gamma=gamma))
+    gen = DecodeCore(rt, CoreConfig(max_batch=3, method=method, gamma=gamma))
     stops = [(), (), ("e",), (), (), (), ()]  # a stop string ...
     stop_ids = [(), (), (), (), (), (), (4,)]  # ... and a stop id on some rows
     params = [SamplingParams(max_new_tokens=m, stop=s, stop_token_ids=i) for m, s, i in zip(MAX_NEW, stops, stop_ids)]
@@ -66,7 +66,7 @@ def test_greedy_rows_equal_runtime(rt, method, gamma):
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 3), ("ngram", 2)])
 def test_seeded_sampled_rows_equal_runtime_at_fixed_gamma(rt, method, gamma):
     """Per row: the same random stream, draft q and rejection rule as batch 1, whatever the batch."""
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=4, method=method, gamma=gamma))
+    gen = DecodeCore(rt, CoreConfig(max_batch=4, method=method, gamma=gamma))
     params = [SamplingParams(temperature=1.0, top_k=8 if i % 2 else 0, seed=100 + i, max_new_tokens=m)
               for i, m in enumerate(MAX_NEW)]
     done = run_all(gen, requests_for(zip(PROMPTS, params)))
@@ -87,24 +87,23 @@ def test_each_row_of_a_mixed_batch_sees_exactly_its_own_sequence(rt, build_engin
     if arch == "gpt2":
         rt = specrt.load(build_engine("batch-gpt2", dict(arch="gpt2", seed=0, scale=30.0),
                                       dict(arch="gpt2", seed=1, hidden=16, layers=1, scale=30.0)))
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=4, method="draft", gamma=4))
+    gen = DecodeCore(rt, CoreConfig(max_batch=4, method="draft", gamma=4))
     for i, prompt in enumerate([PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[4]]):
         gen.add(SequenceRequest(f"r{i}", prompt, SamplingParams(temperature=1.0, seed=i, max_new_tokens=40)))
     for _ in range(4):
         gen.step()
     rows = gen.rows
-    assert sum(r.proposed - r.accepted for r in rows) > 0  # rollbacks happened
+    assert sum(r.counts.proposed - r.counts.accepted for r in rows) > 0  # rollbacks happened
     assert len({len(r.seq) for r in rows}) >= 2  # the rows have different lengths
     slots = [r.slot for r in rows]
     assert [gen.target.lengths[s] for s in slots] == [len(r.seq) - 1 for r in rows]
-    logits = gen.target.run(slots, [[r.seq[-1]] for r in rows], record=False)[0][:, 0]  # [B, V]
+    logits = gen.target.forward(slots, [[r.seq[-1]] for r in rows], record=False).logits[:, 0]  # [B, V]
     for row, row_logits in zip(rows, logits):
-        fresh = CachedModel(rt.target.engine, rt.target.spec, rt.manifest.max_len)
-        np.testing.assert_allclose(row_logits, fresh.prefill(row.seq), atol=1e-4)
+        np.testing.assert_allclose(row_logits, fresh_logits(rt.target, row.seq, rt.manifest.max_len), atol=1e-4)
 
 
 def test_remove_frees_slot_and_others_continue(rt):
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=3, method="draft", gamma=2))
+    gen = DecodeCore(rt, CoreConfig(max_batch=3, method="draft", gamma=2))
     out = {f"r{i}": [] for i in range(4)}
 
     def take(update):
@@ -117,7 +116,7 @@ def test_remove_frees_slot_and_others_continue(rt):
             take(u)
     assert gen.remove("r1") and not gen.remove("r1")
     assert gen.free_slots == 1 and [r.slot for r in gen.rows] == [0, 1]
-    assert gen.target.lengths[2] == 0 and gen.draft.lengths[2] == 0
+    assert gen.target.lengths[2] == 0 and gen.proposer.runner.lengths[2] == 0
     take(gen.add(SequenceRequest("r3", PROMPTS[0], SamplingParams(max_new_tokens=20))))
     while gen.rows:
         for u in gen.step()[0]:
@@ -128,31 +127,33 @@ def test_remove_frees_slot_and_others_continue(rt):
 
 def test_new_sequences_start_from_the_served_acceptance(rt):
     """A new sequence's α prior is the recent α over all sequences, not a fixed guess."""
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=2, method="draft", gamma=4))
+    gen = DecodeCore(rt, CoreConfig(max_batch=2, method="draft", gamma=4))
     gen.add(SequenceRequest("a", PROMPTS[1], SamplingParams(max_new_tokens=40)))
     for _ in range(5):
         gen.step()
-    served = gen.acceptance.alpha
-    assert gen.rows[0].proposed > gen.rows[0].accepted and served != pytest.approx(0.6)
+    served = gen.served.alpha
+    assert gen.rows[0].counts.proposed > gen.rows[0].counts.accepted and served != pytest.approx(0.6)
     gen.add(SequenceRequest("b", PROMPTS[2], SamplingParams(max_new_tokens=40)))
-    assert gen.rows[1].acceptance.alpha == pytest.approx(served)
+    assert gen.rows[1].alpha.alpha == pytest.approx(served)
 
 
 def test_generator_rejects_bad_config(rt):
     with pytest.raises(SamplingError, match="unknown method"):
-        BatchedGenerator(rt, BatchConfig(method="medusa"))
+        DecodeCore(rt, CoreConfig(method="medusa-ish"))
+    with pytest.raises(SamplingError, match="needs an engine dir exported with --medusa"):
+        DecodeCore(rt, CoreConfig(method="medusa"))
     with pytest.raises(SamplingError, match="gamma"):
-        BatchedGenerator(rt, BatchConfig(method="draft", gamma=99))
+        DecodeCore(rt, CoreConfig(method="draft", gamma=99))
     with pytest.raises(ValueError, match="max_batch"):
-        BatchedGenerator(rt, BatchConfig(max_batch=0))
+        DecodeCore(rt, CoreConfig(max_batch=0))
 
 
 def test_calibration_measures_the_batch_curve(rt):
-    gen = BatchedGenerator(rt, BatchConfig(max_batch=3, method="draft"))
+    gen = DecodeCore(rt, CoreConfig(max_batch=3, method="draft"))
     g = rt.gamma_max
-    assert set(gen.policy.target_curve.points) == {b * q for b in (1, 2, 3) for q in (1, g + 1)}
+    assert set(gen.policy.target_curve.points) == {*range(1, g + 2), *(b * q for b in (2, 3) for q in (1, g + 1))}
     assert set(gen.policy.draft_curve.points) == {1, 2, 3}
-    assert not gen.target.lengths.any() and not gen.draft.lengths.any()
+    assert not gen.target.lengths.any() and not gen.proposer.runner.lengths.any()
     gen.add(SequenceRequest("a", PROMPTS[1], SamplingParams(max_new_tokens=10)))
     _, report = gen.step()
     assert report.decision.reason in ("policy", "probe") and 0 <= report.gamma <= g

@@ -4,7 +4,7 @@ import pytest
 
 import specrt
 from specrt.export.onnx_export import load_hf
-from specrt.runtime import decode
+from specrt.runtime import verify
 from specrt.runtime.sampling import sample
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 
@@ -99,7 +99,7 @@ def test_harness_has_power_against_wrong_rules(engines, target_model, monkeypatc
     target's argmax whenever the draft proposes it (often, with q = p); resampling from p after a
     rejection over-emits tokens the draft over-proposes (rejections are frequent with a weak draft).
     """
-    monkeypatch.setattr(decode, "verify_sampled", rule)
+    monkeypatch.setattr(verify, "verify_sampled", rule)
     rt = specrt.load(engines[draft])
     counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="draft", gamma=2, temperature=1.0)
     pv = p_values(counts, exact_joint(target_model, PROMPT, {}, V))

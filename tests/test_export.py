@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import ARCHS
+from fresh import fresh_runner
 from specrt.engines import OrtEngine
 from specrt.export.onnx_export import example_tree_mask, load_hf, random_feeds
 from specrt.export.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
@@ -42,19 +43,18 @@ def test_tree_node_logits_equal_chain(arch_engine):
 
     arch, engine_dir = arch_engine
     rt = Runtime.load(engine_dir)
-    m = rt.target
+    runner = fresh_runner(rt.target, rt.manifest.max_len)
     mask = example_tree_mask().numpy()
     depths = mask.sum(-1) - 1
     prompt = [3, 5, 7, 9]
     nodes = np.array([11, 12, 13, 14, 15, 16, 17, 18])
-    m.reset()
-    m.prefill(prompt)
-    tree_logits = m.forward(nodes, tree_mask=mask, depths=depths)
+    runner.prefill(0, prompt)
+    tree_logits = runner.forward([0], [nodes], blocks=[mask], depths=[depths]).logits[0]
     for i in range(len(nodes)):
         path = nodes[np.flatnonzero(mask[i])]  # ancestors and self, in order
-        m.reset()
-        chain = m.forward(prompt + path.tolist())[-1]
-        np.testing.assert_allclose(tree_logits[i], chain, atol=TOL)
+        runner.release(0)
+        p = runner.forward([0], [prompt + path.tolist()])
+        np.testing.assert_allclose(tree_logits[i], p.logits[0, -1], atol=TOL)
 
 
 @pytest.mark.parametrize("prompt_len", [1, 5, 23])

@@ -2,8 +2,8 @@ import doctest
 
 import numpy as np
 
-from specrt.runtime import ngram
-from specrt.runtime.ngram import NGramIndex, find_continuation
+from specrt.runtime.proposers import ngram
+from specrt.runtime.proposers.ngram import NGramIndex, find_continuation
 
 
 def test_docstring_example():

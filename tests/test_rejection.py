@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specrt.runtime.rejection import verify_greedy, verify_sampled
+from specrt.runtime.verify import verify_greedy, verify_sampled
 from stat_harness import P_MIN, chi2_p
 
 N = 40000

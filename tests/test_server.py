@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import specrt
-from specrt.runtime.batch import BatchConfig
+from specrt.runtime.core import CoreConfig
 from specrt.runtime.openai_api import ApiError, ChatTemplate
 from specrt.runtime.server import BackgroundServer, ServerConfig, create_app
 
@@ -31,7 +31,7 @@ def ref(llama_engine):
 
 @pytest.fixture(scope="module")
 def start_server(llama_engine):
-    """start_server(runtime=None, **ServerConfig fields, batch=BatchConfig) -> a running BackgroundServer."""
+    """start_server(runtime=None, **ServerConfig fields, batch=CoreConfig) -> a running BackgroundServer."""
     servers = []
 
     def start(runtime=None, **config):
@@ -48,7 +48,7 @@ def start_server(llama_engine):
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server(batch=BatchConfig(max_batch=4, method="draft"), max_queue=64)
+    return start_server(batch=CoreConfig(max_batch=4, method="draft"), max_queue=64)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_streaming_equals_greedy(client, ref):
 
 def test_seeded_sampling_at_fixed_gamma_equals_runtime(start_server, ref):
     """With a fixed γ a seed reproduces rt.generate's sample, whatever else shares the batch."""
-    srv = start_server(batch=BatchConfig(max_batch=2, method="draft", gamma=2))
+    srv = start_server(batch=CoreConfig(max_batch=2, method="draft", gamma=2))
     http_client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
     for seed in (7, 8):
         want = ref.generate("hello", max_new_tokens=12, temperature=1.0, seed=seed, method="draft", gamma=2)
@@ -197,7 +197,7 @@ def wait_for(predicate, timeout=20.0):
 
 
 def test_client_disconnect_frees_the_slot(start_server, llama_engine, ref):
-    srv = start_server(runtime=slow_runtime(llama_engine), batch=BatchConfig(max_batch=1, method="none"))
+    srv = start_server(runtime=slow_runtime(llama_engine), batch=CoreConfig(max_batch=1, method="none"))
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 50, "temperature": 0, "stream": True}
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", srv.url + "/v1/completions", json=body, headers=AUTH) as r:
@@ -222,7 +222,7 @@ def test_client_disconnect_frees_the_slot(start_server, llama_engine, ref):
 
 
 def test_full_queue_answers_429_and_stopped_engine_503(start_server, llama_engine, ref):
-    srv = start_server(batch=BatchConfig(max_batch=1, method="none"), max_queue=1)
+    srv = start_server(batch=CoreConfig(max_batch=1, method="none"), max_queue=1)
     worker = srv.app.state.worker
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 5, "temperature": 0}
     worker.pause()  # nothing is admitted: the first request waits in the queue
@@ -260,7 +260,7 @@ class FailingEngine:
 def test_engine_failure_fails_the_requests_in_flight_only(start_server, llama_engine, ref):
     rt = specrt.load(llama_engine)
     rt.target.engine = engine = FailingEngine(rt.target.engine)
-    srv = start_server(runtime=rt, batch=BatchConfig(max_batch=2, method="none"))
+    srv = start_server(runtime=rt, batch=CoreConfig(max_batch=2, method="none"))
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 8, "temperature": 0}
     engine.failing = True
     r = httpx.post(srv.url + "/v1/completions", json=body, headers=AUTH, timeout=30)

@@ -3,11 +3,12 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.decode import DecodeStats, speculative_decode
-from specrt.runtime.gamma import GammaController, expected_tokens, predicted_speedup
-from specrt.runtime.model import CachedModel
-from specrt.runtime.proposers import Proposal
+from specrt.runtime.batch_policy import PolicyConfig, SpeculationPolicy
+from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
+from specrt.runtime.gamma import AlphaEstimate, expected_tokens, predicted_speedup
+from specrt.runtime.proposers import NoProposer, Proposal
 from specrt.runtime.sampling import SamplingError, SamplingParams
+from fresh import fresh_logits
 
 PROMPTS = [[5], [3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], list(range(1, 30))]
 
@@ -48,97 +49,123 @@ def test_stop_string_inside_accepted_run(rt):
         assert stop not in out.text
 
 
+def synthetic_costs(policy: SpeculationPolicy, c: float, ratio) -> SpeculationPolicy:
+    """Set the policy's measured costs: T(γ+1)/T(1) = ratio(γ), one draft step = c target steps."""
+    policy.target_curve.points.clear()
+    policy.draft_curve.points.clear()
+    for g in range(policy.config.gamma_max + 1):
+        policy.record_target(1, g + 1, ratio(g))
+    policy.record_draft(1, 1, c)
+    return policy
+
+
+def batch1_core(rt, proposer=None, gamma=None, c=0.05, ratio=lambda g: 1.0 + 0.1 * g) -> DecodeCore:
+    """A batch-1 decode core with synthetic costs (the timings of this machine play no part)."""
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="draft", gamma=gamma, calibrate=False, probe_every=8),
+                      proposer=proposer)
+    synthetic_costs(core.policy, c, ratio)
+    return core
+
+
+def run_one(core: DecodeCore, prompt, params: SamplingParams, steps: int | None = None):
+    """Add one sequence and step it to its end (or ``steps`` times); returns (tokens, stats or None)."""
+    update, tokens = core.add(SequenceRequest("r", prompt, params)), []
+    for n in range(10 ** 6 if steps is None else steps + 1):
+        tokens += [e.token_id for e in update.events if e.token_id is not None]
+        if update.finish_reason or n == steps:
+            return tokens, update.stats
+        update = core.step()[0][0]
+
+
 def test_kv_rollback_matches_fresh_recompute(rt):
     """After rounds with rejections, the target's next logits equal a recomputation from scratch."""
-    params = SamplingParams(temperature=1.0, seed=0)
-    from specrt.runtime.proposers import DraftModelProposer
-
-    proposer = DraftModelProposer(rt.draft)
-    proposer.reset(PROMPTS[1])
-    stats = DecodeStats()
-    rt.target.reset()
-    steps = speculative_decode(rt.target, proposer, GammaController(4, fixed=4), PROMPTS[1], params,
-                               np.random.default_rng(0), stats, budget=lambda: 100, cost=lambda g: (0.1, 1.0))
-    seq = list(PROMPTS[1])
-    for _ in range(6):
-        seq += next(steps)
-    assert stats.proposed > stats.accepted  # there were rejections
-    assert rt.target.length == len(seq) - 1
-    logits = rt.target.forward([seq[-1]])[-1]
-    fresh = CachedModel(rt.target.engine, rt.target.spec, rt.manifest.max_len)
-    np.testing.assert_allclose(logits, fresh.prefill(seq), atol=1e-4)
+    core = batch1_core(rt, gamma=4)
+    run_one(core, PROMPTS[1], SamplingParams(temperature=1.0, seed=0, max_new_tokens=100), steps=6)
+    row = core.rows[0]
+    assert row.counts.proposed > row.counts.accepted  # there were rejections
+    assert core.target.lengths[row.slot] == len(row.seq) - 1
+    logits = core.target.forward([row.slot], [[row.seq[-1]]]).logits[0, -1]
+    np.testing.assert_allclose(logits, fresh_logits(rt.target, row.seq, rt.manifest.max_len), atol=1e-4)
+    core.remove("r")
 
 
-class WrongProposer:
+class WrongProposer(NoProposer):
     """Always proposes a token the greedy target never picks next (target argmax + 1)."""
 
     name = "wrong"
-    step_seconds = 0.0
-    passes = 0
 
     def __init__(self, target):
         self.target = target
+        self.max_nodes = 4
 
-    def propose(self, seq, gamma, params, rng):
-        fresh = CachedModel(self.target.engine, self.target.spec, 64)
-        best = int(np.argmax(fresh.prefill(seq)))
-        return Proposal(np.full(gamma, (best + 1) % 32, dtype=np.int64), None)
+    def propose(self, rows, ks):
+        out = []
+        for row, k in zip(rows, ks):
+            best = int(np.argmax(fresh_logits(self.target, row.seq)))
+            out.append(Proposal(np.full(k, (best + 1) % 32, dtype=np.int64)))
+        return out
 
 
 def test_controller_turns_speculation_off_when_it_never_pays(rt):
-    controller = GammaController(4)
-    rt.target.reset()
-    stats = DecodeStats()
-    steps = speculative_decode(rt.target, WrongProposer(rt.target), controller, PROMPTS[1], SamplingParams(),
-                               np.random.default_rng(0), stats, budget=lambda: 100, cost=lambda g: (0.05, 1 + 0.1 * g))
-    n = sum(len(next(steps)) for _ in range(40))
-    assert stats.accepted == 0
-    assert controller.history[-1] == 0 or controller.history[-1] == 1  # off, or a probe
-    off = controller.history[10:].count(0)
-    assert off >= 0.8 * len(controller.history[10:])  # mostly plain decoding ...
-    assert stats.target_passes <= n + 1  # ... so no more target passes than plain decoding
+    core = batch1_core(rt, WrongProposer(rt.target))
+    tokens, stats = run_one(core, PROMPTS[1], SamplingParams(max_new_tokens=41))
+    history = stats["gamma_history"]
+    assert stats["accepted"] == 0
+    assert history[-1] == 0 or history[-1] == 1  # off, or a probe
+    off = history[10:].count(0)
+    assert off >= 0.8 * len(history[10:])  # mostly plain decoding ...
+    assert stats["target_passes"] <= len(tokens) + 1  # ... so no more target passes than plain decoding
+
+
+def choices(policy: SpeculationPolicy, alpha: AlphaEstimate, accepted, rounds: int = 20) -> list[int]:
+    """γ chosen over ``rounds`` rounds when accepted(γ) proposals are accepted each round."""
+    history = []
+    for _ in range(rounds):
+        g = policy.decide([alpha.alpha]).gamma
+        alpha.update(g, accepted(g))
+        history.append(g)
+    return history
 
 
 def test_controller_grows_gamma_when_everything_is_accepted():
-    controller = GammaController(6)
-    for _ in range(20):
-        g = controller.choose(lambda g: (0.05, 1 + 0.02 * g))
-        controller.update(g, g)
-    assert controller.history[-1] == 6
+    policy = synthetic_costs(SpeculationPolicy(PolicyConfig(gamma_max=6)), 0.05, lambda g: 1 + 0.02 * g)
+    assert choices(policy, AlphaEstimate(), lambda g: g)[-1] == 6
 
 
 def test_controller_with_synthetic_costs():
-    never = GammaController(6)
+    never = synthetic_costs(SpeculationPolicy(PolicyConfig(gamma_max=6, probe_every=8)), 0.3, lambda g: 1.0)
+    history = []
+    alpha = AlphaEstimate()
     for _ in range(20):
-        never.update(never.choose(lambda g: (0.3, 1.0)) or 1, 0)
-    assert never.history[-5:].count(0) >= 4
+        g = never.decide([alpha.alpha]).gamma
+        alpha.update(g or 1, 0)
+        history.append(g)
+    assert history[-5:].count(0) >= 4
     # α = 0.8, c = 0.05, free verification: the formula's best γ is large
-    c = GammaController(8, prior_alpha=0.8)
-    assert c.choose(lambda g: (0.05, 1.0)) >= 6
+    policy = synthetic_costs(SpeculationPolicy(PolicyConfig(gamma_max=8)), 0.05, lambda g: 1.0)
+    assert policy.decide([AlphaEstimate(prior_alpha=0.8).alpha]).gamma >= 6
 
 
 class OracleProposer(WrongProposer):
     """Proposes the greedy target's own continuation: always accepted."""
 
-    def propose(self, seq, gamma, params, rng):
-        fresh = CachedModel(self.target.engine, self.target.spec, 64)
-        out, logits = [], fresh.prefill(seq)
-        for _ in range(gamma):
-            out.append(int(np.argmax(logits)))
-            logits = fresh.forward(out[-1:])[-1]
-        return Proposal(np.array(out, dtype=np.int64), None)
+    def propose(self, rows, ks):
+        out = []
+        for row, k in zip(rows, ks):
+            seq = list(row.seq)
+            for _ in range(k):
+                seq.append(int(np.argmax(fresh_logits(self.target, seq))))
+            out.append(Proposal(np.array(seq[len(row.seq):], dtype=np.int64)))
+        return out
 
 
 def test_controller_reaches_gamma_max_when_draft_always_agrees(rt):
-    controller = GammaController(4)
-    rt.target.reset()
-    stats = DecodeStats()
-    steps = speculative_decode(rt.target, OracleProposer(rt.target), controller, PROMPTS[1], SamplingParams(),
-                               np.random.default_rng(0), stats, budget=lambda: 1000, cost=lambda g: (0.05, 1 + 0.05 * g))
-    for _ in range(10):
-        next(steps)
-    assert stats.accepted == stats.proposed > 0
-    assert controller.history[-1] == 4
+    core = batch1_core(rt, OracleProposer(rt.target), ratio=lambda g: 1 + 0.05 * g)
+    run_one(core, PROMPTS[1], SamplingParams(max_new_tokens=1000), steps=10)
+    counts = core.rows[0].counts
+    assert counts.accepted == counts.proposed > 0
+    assert counts.gamma_history[-1] == 4
+    core.remove("r")
 
 
 def test_formula_matches_reference_text():

@@ -4,11 +4,11 @@ import json
 import numpy as np
 import pytest
 
-from specrt.runtime.model import CachedModel
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import (DEFAULT_SIZES, TreeError, compile_tree, default_tree, greedy_tree, load_tree,
                                  unpack_mask)
-from specrt.runtime.tree_verify import verify_tree_greedy, verify_tree_sampled, verify_tree_typical
+from specrt.runtime.verify import verify_tree_greedy, verify_tree_sampled, verify_tree_typical
+from fresh import fresh_logits, fresh_runner, tree_logits
 
 CHAIN = [[0] * d for d in range(1, 8)]  # deep, chain only: 8 nodes, depth 7
 WIDE = [[r] for r in range(15)]  # wide: 16 nodes, depth 1
@@ -121,7 +121,7 @@ def target(build_engine):
     import specrt
 
     e = build_engine("tree_mask", dict(arch="llama", seed=3, scale=5.0), max_len=128, prefill_chunk=8)
-    return specrt.load(e).target
+    return specrt.load(e).target  # a Graph: engine + spec
 
 
 @pytest.mark.parametrize("name", list(TREES))
@@ -131,15 +131,11 @@ def test_tree_logits_equal_root_path_chains(target, name):
     rng = np.random.default_rng(1)
     prompt = rng.integers(1, 32, 11).tolist()
     tokens = rng.integers(0, 32, tree.size)  # [N] node 0 = root
-    target.reset()
-    target.prefill(prompt[:-1])
     tokens[0] = prompt[-1]
-    logits = target.forward(tokens, tree_mask=tree.mask, depths=tree.depths)  # [N, V]
-    fresh = CachedModel(target.engine, target.spec, 128)
+    logits = tree_logits(fresh_runner(target, 128), prompt[:-1], tokens, tree)  # [N, V]
     for i in range(tree.size):
         path = np.flatnonzero(tree.mask[i])  # root .. i
-        fresh.reset()
-        chain = fresh.prefill(prompt[:-1] + tokens[path].tolist())
+        chain = fresh_logits(target, prompt[:-1] + tokens[path].tolist(), 128)
         np.testing.assert_allclose(logits[i], chain, atol=1e-4, err_msg=f"node {i} of {name}")
 
 

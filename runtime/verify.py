@@ -1,7 +1,28 @@
-"""Verification of a candidate tree against ONE target pass over it.
+"""Verification: one module for every proposal, a chain (modified rejection sampling) or a tree (the
+exact node walk); ``verify`` takes one row's proposal and the target pass's logits over it.
+
+Chains.
+
+Terms (as in vLLM's rejection sampler):
+    accepted token   a proposed token x_i the target keeps. Accepted tokens are a prefix of
+                     the proposal: the first rejection ends the round.
+    recovered token  the token emitted at the first rejected position i, sampled from the
+                     residual norm(max(0, p_i - q_i)); it replaces x_i.
+    bonus token      when all k proposals are accepted, one more token sampled from p_k, the
+                     target's distribution after the last proposal (the verify pass computed it).
+A round therefore always emits n_accepted + 1 tokens.
+
+Exactness: x_i ~ q_i is kept with probability min(1, p_i(x_i) / q_i(x_i)); then
+P(emit z) = min(q(z), p(z)) + max(0, p(z) - q(z)) = p(z) (see the reference text's proof).
+Deterministic proposals (n-gram, top-1 heads) have q = a point mass on x_i: the rule then
+accepts with probability p(x_i) and recovers from p with x_i removed, which is the same as
+"sample y ~ p; accept if y == x_i, else emit y". Greedy decoding accepts while x_i is the
+target's argmax and emits the argmax at the first mismatch; it is kept on its own path.
+
+Trees.
 
 The tree's root (node 0) is the last emitted token; nodes 1..N-1 hold deterministic candidates
-(top-k tokens of the Medusa heads). The target pass gives logits at every node: row i is the
+(deterministic proposals: n-gram lookups, Medusa or EAGLE top-k tokens). The target pass gives logits at every node: row i is the
 target's next-token distribution after the root-to-i path. Terms (as in vLLM's samplers):
 
     accepted tokens  the candidates on the path the walk descends: at node i a target token y
@@ -31,6 +52,46 @@ import numpy as np
 
 from .sampling import SamplingParams, probs, sample
 from .tree import Tree
+
+ACCEPTANCE = ("exact", "typical")  # "typical" (Medusa-2) is lossy: opt-in only
+
+
+def verify_greedy(draft_tokens: np.ndarray, target_logits: np.ndarray) -> tuple[int, int]:
+    """draft_tokens: int [k]; target_logits: [k + 1, V]. Returns (n_accepted, next_token)."""
+    best = target_logits.argmax(-1)  # [k + 1] target's argmax at each position
+    k = len(draft_tokens)
+    mismatch = np.flatnonzero(best[:k] != np.asarray(draft_tokens))  # [m] rejected positions
+    n = int(mismatch[0]) if mismatch.size else k
+    return n, int(best[n])
+
+
+def verify_sampled(draft_tokens: np.ndarray, draft_probs: np.ndarray | None, target_probs: np.ndarray,
+                   rng: np.random.Generator) -> tuple[int, int]:
+    """Modified rejection sampling over a chain.
+
+    draft_tokens: int [k]; draft_probs: q [k, V], or None for deterministic proposals (point
+    masses); target_probs: p [k + 1, V] from the same ``probs()``. Returns (n_accepted, next_token).
+    """
+    x = np.asarray(draft_tokens, dtype=np.int64)  # [k]
+    k = len(x)
+    rows = np.arange(k)
+    p_x = target_probs[rows, x]  # [k] p_i(x_i)
+    q_x = draft_probs[rows, x] if draft_probs is not None else np.ones(k)  # [k] q_i(x_i)
+    u = rng.random(k)  # [k]
+    accept = u * q_x < p_x  # [k] u < p/q without dividing by q
+    rejected = np.flatnonzero(~accept)
+    if not rejected.size:
+        return k, int(sample(target_probs[k][None], rng)[0])  # bonus token
+    n = int(rejected[0])
+    residual = target_probs[n].copy()  # [V]
+    if draft_probs is not None:
+        residual = np.maximum(residual - draft_probs[n], 0.0)
+    else:
+        residual[x[n]] = 0.0
+    if residual.sum() <= 1e-12:  # p == q up to rounding: rejection had ~0 probability
+        residual = target_probs[n]
+    return n, int(sample(residual[None], rng)[0])  # recovered token
+
 
 
 def _longest_path(tree: Tree, kept: np.ndarray) -> np.ndarray:
@@ -99,3 +160,26 @@ def verify_tree_typical(tree: Tree, tokens: np.ndarray, logits: np.ndarray, para
     path = rows[best, 1 : lengths[best]].copy()
     last = path[-1] if path.size else 0
     return path, int(sample(probs(logits[last][None], params), rng)[0])
+
+
+def verify(proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+           acceptance: str = "exact") -> tuple[np.ndarray, int]:
+    """One row's round. proposal: ``proposers.Proposal`` (k tokens: a chain, or tree nodes 1..k);
+    logits: float [k + 1, V], the target pass at the root (the last emitted token) and at each node.
+
+    Returns (accepted node indices int64 [n] in 1..k, next token): the pass's positions
+    ``[0, *path]`` are what the cache keeps. A chain's path is 1..n.
+    """
+    tree = proposal.tree
+    if tree is None:
+        if params.greedy:
+            n, nxt = verify_greedy(proposal.tokens, logits)
+        else:
+            n, nxt = verify_sampled(proposal.tokens, proposal.q, probs(logits, params), rng)
+        return np.arange(1, n + 1, dtype=np.int64), nxt
+    tokens = np.concatenate([[-1], proposal.tokens])  # [N]: node 0 is the root
+    if params.greedy:
+        return verify_tree_greedy(tree, tokens, logits)
+    if acceptance == "typical":
+        return verify_tree_typical(tree, tokens, logits, params, rng)
+    return verify_tree_sampled(tree, tokens, logits, params, rng)

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from . import EMPTY, NoProposer, Proposal
+
 
 def find_continuation(tokens: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
     """The reference matcher: a pure function (O(len * max_n); the runtime uses ``NGramIndex``).
@@ -57,3 +61,35 @@ class NGramIndex:
             if end is not None:
                 return t[end : end + k]
         return []
+
+
+class NGramProposer(NoProposer):
+    """Prompt lookup: per row, what followed the latest earlier occurrence of the current suffix.
+
+    Deterministic (q is a point mass); no model cost. One ``NGramIndex`` per slot, extended with
+    the tokens each round emitted.
+    """
+
+    name = "ngram"
+
+    def __init__(self, max_batch: int, max_n: int = 4, min_n: int = 1, max_gamma: int = 0):
+        self.max_n, self.min_n = max_n, min_n
+        self.index = [NGramIndex(max_n, min_n) for _ in range(max_batch)]  # per slot
+        self.max_nodes = max_gamma
+
+    def start(self, row, hidden) -> None:
+        self.index[row.slot] = NGramIndex(self.max_n, self.min_n)
+
+    def propose(self, rows, ks) -> list[Proposal]:
+        out = []
+        for row, k in zip(rows, ks):
+            if not k:
+                out.append(EMPTY)
+                continue
+            index = self.index[row.slot]
+            index.extend(row.seq[len(index.tokens):])
+            out.append(Proposal(np.array(index.propose(k), np.int64)))
+        return out
+
+    def move(self, src: int, dst: int) -> None:
+        self.index[dst] = self.index[src]

@@ -1,0 +1,70 @@
+"""The graph contract shared by export/, engines/ and runtime/: names, dtypes, the mask constant and
+the one builder of attention masks and positions (see docs/engine-format.md).
+
+Every decoder graph takes ``input_ids`` [B, Q], ``position_ids`` [B, Q], an additive
+``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked) and the past K/V time-major
+``past_{key,value}.i`` [P, B, Hkv, D]; it returns ``logits`` [B, Q, V], only the new K/V
+``new_{key,value}.i`` [Q, B, Hkv, D] and, for graphs exported with hidden states, ``hidden`` [B, Q, H].
+Nothing here imports the rest of specrt.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MASK_MIN = -65504.0  # additive value for masked positions: float16's most negative finite value, so the
+# same mask works in fp16 and fp32 graphs (exp(-65504) is 0 in both)
+NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # manifest dtype -> numpy dtype
+
+
+def past_names(num_layers: int) -> list[str]:
+    """Graph inputs of the past K/V, in cache-plane order (layer-major, key before value)."""
+    return [f"past_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def new_names(num_layers: int) -> list[str]:
+    """Graph outputs of the new K/V, in the same order as ``past_names``."""
+    return [f"new_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def io_names(num_layers: int, has_hidden: bool) -> tuple[list[str], list[str]]:
+    """Graph input and output names of a decoder with ``num_layers`` layers."""
+    inputs = ["input_ids", "position_ids", "attention_mask", *past_names(num_layers)]
+    outputs = ["logits", *new_names(num_layers)] + (["hidden"] if has_hidden else [])
+    return inputs, outputs
+
+
+def batch_mask(lengths: np.ndarray, q: int, blocks=None, past_visible: np.ndarray | None = None,
+               dtype=np.float32) -> np.ndarray:
+    """The additive attention mask of one batched call: float [R, 1, Q, P+Q] with P = max(lengths).
+
+    lengths: int [R] valid past entries per row (columns >= lengths[r] of the past are stale: masked).
+    blocks: per row a bool [n_r, n_r] block over the row's new tokens (node i attends to node j;
+    a tree's ancestor mask), or None for a causal chain; rows shorter than Q are padded, and a
+    padding position attends to itself only (its outputs are never read).
+    past_visible: bool [R, Q, P] overrides the past columns (e.g. a draft tree over earlier draft rows).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    r, past = len(lengths), int(lengths.max()) if len(lengths) else 0
+    attend = np.zeros((r, q, past + q), dtype=bool)  # [R, Q, P+Q]
+    if past_visible is not None:
+        attend[:, :, :past] = past_visible
+    else:
+        attend[:, :, :past] = np.arange(past)[None, None, :] < lengths[:, None, None]
+    causal = np.tri(q, dtype=bool)
+    for b in range(r):
+        block = None if blocks is None else blocks[b]
+        if block is None:
+            attend[b, :, past:] = causal
+        else:
+            n = len(block)
+            attend[b, :n, past : past + n] = block
+            attend[b, np.arange(n, q), past + np.arange(n, q)] = True
+    return np.where(attend, 0, MASK_MIN).astype(dtype)[:, None]
+
+
+def chain_mask(past: int, q: int, dtype=np.float32) -> np.ndarray:
+    """The mask of one unbatched causal call after ``past`` tokens: float [1, 1, Q, P+Q] (the fast path)."""
+    mask = np.zeros((1, 1, q, past + q), dtype=dtype)
+    if q > 1:
+        mask[0, 0, :, past:] = np.where(np.tri(q, dtype=bool), 0, MASK_MIN)
+    return mask

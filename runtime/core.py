@@ -1,0 +1,345 @@
+"""The decode core: every method, batched, from one step function.
+
+``DecodeCore`` owns the target's cache of ``max_batch`` slots (a runner), ONE proposer for all
+rows, the batch-aware γ policy and the rows: active sequences in slots 0..B-1 (when one leaves,
+the last slot moves into the hole, so the active rows stay a contiguous view of the cache).
+``Runtime.generate`` is this core at max_batch 1; ``specrt serve`` is it at max_batch N. A step:
+
+    γ         one decision for the batch (runtime/batch_policy.py; 0 = plain decoding)
+    propose   per row a chain of k_b <= γ tokens with q, or a tree with point masses
+    verify    ONE target pass over [B, Q = max positions]: row b = its last token, its proposal,
+              then padding; each row verified by runtime/verify.py with its own generator
+    commit    per row the cache keeps the last token and the accepted path (rollback/compaction)
+    emit      EOS, stop ids, stop strings, length: ``_emit``, the one implementation
+
+Every row follows the same rules whatever the batch (first token from the prefill logits,
+k_b = min(γ, budget - 1), its own random stream), so greedy rows equal plain greedy decoding
+and seeded sampled rows at a fixed γ equal their batch-1 output.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .batch_policy import LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
+from .gamma import AlphaEstimate
+from .proposers import Proposal
+from .sampling import SamplingError, SamplingParams, next_token
+from .stats import SequenceCounts, sequence_stats
+from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
+from .verify import ACCEPTANCE, verify
+
+METHODS = ("none", "draft", "ngram", "medusa", "eagle")
+
+
+@dataclass
+class CoreConfig:
+    max_batch: int = 8  # slots: sequences decoded together in one target pass
+    method: str = "draft"  # the proposer of every sequence: none | draft | ngram | medusa | eagle
+    gamma: int | None = None  # fixed γ every step (0 = speculation off); None = the batch-aware policy
+    probe_every: int = 16  # policy: steps at γ = 0 before one probe step at γ = 1
+    calibrate: bool = True  # time target (and draft) passes for B = 1, 2, 4, .., max_batch at start
+    acceptance: str = "exact"  # "typical": Medusa-2's LOSSY rule (method medusa, temperature > 0 only)
+
+
+@dataclass
+class SequenceRequest:
+    request_id: str  # caller's id, unique among active and queued requests
+    prompt_ids: list  # token ids of the prompt (validated by ``Runtime.encode``)
+    params: SamplingParams  # sampling and stop rules, max_new_tokens included
+
+
+@dataclass
+class SequenceUpdate:
+    request_id: str  # which request
+    events: list  # StreamEvent list produced this step (token_id None: a final text flush)
+    finish_reason: str | None = None  # "stop" | "length" once finished (the slot is already free)
+    token_ids: list | None = None  # all generated ids, when finished
+    text: str | None = None  # all generated text, when finished
+    stats: dict | None = None  # per-request speculation stats, when finished
+
+
+@dataclass
+class StepReport:
+    batch_size: int  # sequences in this step's target pass
+    gamma: int  # draft length of the step
+    decision: PolicyDecision  # why
+    positions: int  # B * Q positions the target pass processed
+    tokens: int  # tokens the step produced (before stop rules cut any)
+    proposed: int  # proposals verified
+    accepted: int  # proposals accepted
+    seconds: float  # wall time of the step (propose + verify + bookkeeping)
+
+
+@dataclass(eq=False)
+class Row:
+    """One active sequence in cache slot ``slot``."""
+
+    request: SequenceRequest
+    slot: int
+    seq: list  # prompt + generated tokens
+    limit: int  # tokens this request may generate (max_new_tokens, capped by the cache)
+    rng: np.random.Generator  # this sequence's random stream (proposer and verifier draw from it)
+    end_ids: set  # EOS and stop token ids
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    alpha: AlphaEstimate  # this sequence's acceptance estimate (the policy reads ``alpha.alpha``)
+    counts: SequenceCounts = field(default_factory=SequenceCounts)
+    out: list = field(default_factory=list)  # generated tokens
+    text: str = ""
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def budget(self) -> int:
+        return self.limit - len(self.out)
+
+
+class DecodeCore:
+    """Continuous batching with speculative rounds over a loaded ``Runtime``'s graphs.
+
+    Not thread-safe: one worker drives it (``add``, ``remove``, ``step``). ``proposer`` replaces
+    the method's own (tests); ``runners`` maps a role to a (runner, LatencyCurve) pair to reuse.
+    """
+
+    def __init__(self, runtime, config: CoreConfig, proposer=None, runners: dict | None = None):
+        check_config(runtime, config)
+        self.runtime = runtime
+        self.config = config
+        self.max_len = runtime.manifest.max_len
+        runners = dict(runners or {})
+        for role in ("target", "draft") if config.method == "draft" else ("target",):
+            if role not in runners:
+                runners[role] = runtime.runner(role, config.max_batch)
+        self.target, target_curve = runners["target"]
+        draft_curve = runners["draft"][1] if "draft" in runners else LatencyCurve()
+        self.proposer = proposer or runtime.proposer(config.method, config.max_batch, runners.get("draft"))
+        cap = runtime.manifest.defaults.get("speculation_max_batch")
+        fixed = 0 if config.method == "none" else config.gamma
+        if fixed is None and self.proposer.tree:
+            fixed = 1  # a tree method verifies its tree every step (0 = off)
+        self.policy = SpeculationPolicy(PolicyConfig(
+            gamma_max=runtime.gamma_max, fixed_gamma=fixed, speculation_max_batch=int(cap) if cap is not None else None,
+            probe_every=config.probe_every, draft_cost=config.method == "draft"), target_curve, draft_curve)
+        self.rows: list[Row] = []  # rows[i].slot == i
+        self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
+        if config.calibrate and config.method != "none":
+            self.calibrate()
+
+    # ---- admission and eviction -------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return self.config.max_batch - len(self.rows)
+
+    def add(self, request: SequenceRequest) -> SequenceUpdate:
+        """Prefill a new sequence into a free slot and emit its first token."""
+        if not self.free_slots:
+            raise RuntimeError("no free slot")
+        ids, params = list(request.prompt_ids), request.params
+        if not ids or len(ids) >= self.max_len:
+            raise ValueError(f"prompt length {len(ids)} outside 1..{self.max_len - 1}")
+        rt = self.runtime
+        row = Row(request=request, slot=len(self.rows), seq=ids, limit=min(params.max_new_tokens, self.max_len - len(ids)),
+                  rng=np.random.default_rng(params.seed), end_ids=rt.eos_ids | set(params.stop_token_ids),
+                  detok=IncrementalDetokenizer(rt.tokenizer), stops=StopMatcher(params.stop),
+                  alpha=AlphaEstimate(state=self.served.export_state()))
+        self.target.release(row.slot)
+        logits, hidden = self.target.prefill(row.slot, ids)  # [V], [P, H] | None
+        row.counts.target_passes += self.target.prefill_calls(len(ids))
+        self.rows.append(row)
+        update = self._emit(row, [next_token(logits, params, row.rng)])
+        if update.finish_reason:
+            self._free(row)
+        else:
+            self._timed(self.proposer.start, [row], row, hidden)
+        return update
+
+    def remove(self, request_id: str) -> bool:
+        """Drop a request's sequence now (cancellation): its slot and cache are free on return."""
+        for row in self.rows:
+            if row.request.request_id == request_id:
+                self._free(row)
+                return True
+        return False
+
+    def _free(self, row: Row) -> None:
+        last = self.rows.pop()
+        if last is not row:  # move the last slot into the hole: active slots stay 0..B-1
+            self.target.move(last.slot, row.slot)
+            self.proposer.move(last.slot, row.slot)
+            last.slot = row.slot
+            self.rows[row.slot] = last
+        else:
+            self.target.release(row.slot)
+            self.proposer.release(row.slot)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
+        """One round for every active sequence; finished sequences leave their slots."""
+        if not self.rows:
+            return [], None
+        t0 = time.perf_counter()
+        rows = list(self.rows)
+        decision = self.policy.decide([r.alpha.alpha for r in rows])
+        ks = [self._room(row, decision.gamma) for row in rows]
+        proposals = self._timed(self.proposer.propose, [r for r, k in zip(rows, ks) if k], rows, ks)
+        out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
+        keeps, news = [], []
+        for b, (row, p) in enumerate(zip(rows, proposals)):
+            path, nxt = verify(p, out.logits[b, : p.positions], row.params, row.rng, self.config.acceptance)
+            keeps.append(np.concatenate([[0], path]))  # the last token and the accepted path
+            news.append([*p.tokens[path - 1].tolist(), nxt])
+            self._record(row, decision.gamma, p, len(path))
+        self.target.commit(out, keeps)
+        updates = [self._emit(row, new) for row, new in zip(rows, news)]
+        hidden = out.outputs.get("hidden")  # [B, Q, H] where the target exports it
+        for b, (row, update) in enumerate(zip(rows, updates)):
+            if not update.finish_reason:
+                self._timed(self.proposer.observe, [row], row, news[b], None if hidden is None else hidden[b, keeps[b]])
+        for row, update in zip(rows, updates):
+            if update.finish_reason:
+                self._free(row)
+        return updates, StepReport(
+            batch_size=len(rows), gamma=decision.gamma, decision=decision, positions=out.logits.shape[0] * out.logits.shape[1],
+            tokens=sum(map(len, news)), proposed=sum(len(p.tokens) for p in proposals),
+            accepted=sum(len(k) - 1 for k in keeps), seconds=time.perf_counter() - t0)
+
+    def _room(self, row: Row, gamma: int) -> int:
+        """The proposal size this row may take: k tokens of a chain, or 1 = "a tree fits" (0: none)."""
+        if gamma == 0 or row.budget <= 1:
+            return 0
+        room = self.target.room(row.slot) - 1  # positions after the root
+        if self.proposer.tree:
+            return int(room >= self.proposer.max_nodes)
+        return max(0, min(gamma, row.budget - 1, room))
+
+    def _record(self, row: Row, gamma: int, p: Proposal, n: int) -> None:
+        c = row.counts
+        c.target_passes += 1
+        if p.tree is not None:
+            k = p.tree.depth
+            c.record(k, n, p.tree.size)
+        elif self.proposer.tree:
+            c.fallback_steps += 1
+            return
+        else:
+            k = len(p.tokens)
+            c.record(k, n)
+            c.gamma_history.append(gamma)
+        row.alpha.update(k, n)
+        self.served.update(k, n)
+
+    def _timed(self, fn, rows, *args):
+        """Run a proposer call; its wall time and graph calls count for each of ``rows``."""
+        t0, passes = time.perf_counter(), self.proposer.passes
+        result = fn(*args)
+        dt, dp = time.perf_counter() - t0, self.proposer.passes - passes
+        for row in rows:
+            row.counts.proposer_seconds += dt
+            row.counts.proposer_passes += dp
+        return result
+
+    # ---- output ------------------------------------------------------------------------------
+    def _emit(self, row: Row, new: list[int]) -> SequenceUpdate:
+        """Apply EOS, stop ids, stop strings and the length limit to new tokens."""
+        events, finish = [], None
+        for tok in new:
+            row.out.append(tok)
+            row.seq.append(tok)
+            if tok in row.end_ids:
+                finish = "stop"
+                events.append(StreamEvent(tok, ""))
+                break
+            text = row.stops.feed(row.detok.add(tok))
+            row.text += text
+            finish = "stop" if row.stops.hit else ("length" if len(row.out) >= row.limit else None)
+            events.append(StreamEvent(tok, text))
+            if finish:
+                break
+        update = SequenceUpdate(row.request.request_id, events)
+        if finish:
+            tail = row.stops.flush(row.detok.flush())
+            if tail:
+                row.text += tail
+                events.append(StreamEvent(None, tail))
+            update.finish_reason, update.token_ids, update.text = finish, list(row.out), row.text
+            update.stats = self.stats_for(row)
+        return update
+
+    def stats_for(self, row: Row) -> dict:
+        acceptance = self.config.acceptance
+        curve = self.policy.target_curve
+        return sequence_stats(row.counts, self.config.method, len(row.out), self.proposer,
+                              curve.seconds if curve else (lambda n: 0.0), self.runtime.gamma_max, acceptance,
+                              lossy=acceptance == "typical" and not row.params.greedy)
+
+    # ---- measurements --------------------------------------------------------------------------
+    def calibrate(self, past: int | None = None, reps: int = 3) -> None:
+        """Time target passes for B = 1, 2, 4, .., max_batch (Q = 1..γmax+1 at B = 1; Q = 1, γmax+1 or
+        the tree size above) and draft passes at Q = 1, on stale cache entries of length ``past``. The
+        fastest of ``reps`` runs after a warm-up goes into the curves (a burst of other load does not
+        skew them); shapes the curves already hold are skipped. Only while idle."""
+        if self.rows:
+            raise RuntimeError("calibrate only while no sequence is active")
+        g = self.runtime.gamma_max
+        top = self.proposer.max_nodes + 1 if self.proposer.tree else g + 1
+        past = max(0, min(past or 32, self.max_len - top - 1))
+        sizes = sorted({*(2 ** i for i in range(self.config.max_batch.bit_length())), self.config.max_batch})
+        draft = getattr(self.proposer, "runner", None) if self.config.method == "draft" else None
+        for runner, curve, shapes in ((self.target, self.policy.target_curve, lambda b: range(1, top + 1) if b == 1
+                                       and not self.proposer.tree else (1, top)),
+                                      (draft, self.policy.draft_curve, lambda b: (1,))):
+            if runner is None:
+                continue
+            for b in sizes:
+                for q in shapes(b):
+                    if b * q not in curve.points:
+                        curve.record(b * q, time_pass(runner, b, q, past, reps))
+            runner.lengths[:] = 0
+
+
+def time_pass(runner, batch: int, q: int, past: int, reps: int) -> float:
+    """The fastest of ``reps`` calls (after a warm-up) of [batch, q] tokens after ``past`` stale entries."""
+    slots, ids = np.arange(batch), np.zeros((batch, q), np.int64)
+    runner.lengths[:batch] = past
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        runner.forward(slots, ids, record=False)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def pack(rows: list[Row], proposals: list[Proposal]):
+    """The target pass's inputs: (slots [B], ids [B, Q], blocks, depths) for ``HostRunner.forward``."""
+    q = max(p.positions for p in proposals)
+    ids = np.zeros((len(rows), q), dtype=np.int64)  # [B, Q]: last token, proposal, padding (id 0)
+    for b, (row, p) in enumerate(zip(rows, proposals)):
+        ids[b, 0] = row.seq[-1]
+        ids[b, 1 : p.positions] = p.tokens
+    slots = np.array([row.slot for row in rows], dtype=np.int64)
+    if all(p.tree is None for p in proposals):
+        return slots, ids
+    blocks = [p.tree.mask if p.tree is not None else None for p in proposals]
+    depths = [p.tree.depths if p.tree is not None else None for p in proposals]
+    return slots, ids, blocks, depths
+
+
+def check_config(runtime, config: CoreConfig) -> None:
+    """A clear error for a method the engine dir cannot run, or a bad size."""
+    if config.method not in METHODS:
+        raise SamplingError(f"unknown method {config.method!r}; available: {', '.join(METHODS)}")
+    runtime.check_method(config.method)
+    if config.max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {config.max_batch}")
+    g_max = runtime.gamma_max
+    if config.gamma is not None and not 0 <= config.gamma <= g_max:
+        raise SamplingError(f"gamma must be in 0..{g_max} or None for the policy, got {config.gamma}")
+    if config.acceptance not in ACCEPTANCE or (config.acceptance != "exact" and config.method != "medusa"):
+        raise SamplingError(f"acceptance must be one of {', '.join(ACCEPTANCE)} ('typical' is lossy and only for "
+                            f"method 'medusa'), got {config.acceptance!r} with method {config.method!r}")

@@ -1,0 +1,105 @@
+"""The draft-model proposer: a smaller model run autoregressively, batched over the rows."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..sampling import probs, sample
+from . import EMPTY, NoProposer, Proposal
+
+
+class DraftProposer(NoProposer):
+    """Chains from a draft model with its own cache (a ``HostRunner`` of ``max_batch`` slots).
+
+    A row's draft cache holds a prefix of its sequence. ``propose`` first feeds every row's
+    tokens the draft has not seen (after a round: the accepted tail, the recovered or bonus
+    token, and the last proposal when all were accepted) in ONE call, then one call per draft
+    step for the rows that still need tokens. q comes from the same ``probs()`` as the target's
+    p, and each row samples from its own generator, so a row's proposals do not depend on the
+    rest of the batch. Worked example, γ = 3, two rows with k = (3, 1):
+
+        call 1  [2, U]  each row's unseen tokens (padded)  -> x1 for both rows
+        call 2  [1, 1]  row 0 feeds x1                     -> x2 for row 0
+        call 3  [1, 1]  row 0 feeds x2                     -> x3 for row 0
+    """
+
+    name = "draft"
+
+    def __init__(self, runner, max_gamma: int):
+        self.runner = runner  # the draft graph's HostRunner
+        self.max_nodes = max_gamma
+        self.seen = [[] for _ in range(runner.max_batch)]  # per slot: tokens in the draft cache, in order
+        self.step_seconds = None  # EWMA seconds per proposed token (feed + sample)
+        self.passes = 0  # draft graph calls made by propose
+
+    def start(self, row, hidden) -> None:
+        self.runner.release(row.slot)
+        prompt = row.seq[:-1]
+        self.runner.prefill(row.slot, prompt)
+        self.seen[row.slot] = list(prompt)
+
+    def _unseen(self, row) -> list[int]:
+        """Roll the row's draft cache back to its longest common prefix with row.seq; returns the rest."""
+        seen, seq = self.seen[row.slot], row.seq
+        n, limit = 0, min(len(seen), len(seq))
+        while n < limit and seen[n] == seq[n]:
+            n += 1
+        n = min(n, len(seq) - 1)  # the draft must run on at least the last token to get its logits
+        self.runner.rollback(row.slot, n)
+        del seen[n:]
+        return seq[n:]
+
+    def propose(self, rows, ks) -> list[Proposal]:
+        active = [b for b, k in enumerate(ks) if k > 0]
+        if not active:
+            return [EMPTY] * len(rows)
+        t0 = time.perf_counter()
+        slots = np.array([rows[b].slot for b in active], dtype=np.int64)
+        unseen = [self._unseen(rows[b]) for b in active]
+        lens = np.array([len(u) for u in unseen])
+        ids = np.zeros((len(active), lens.max()), dtype=np.int64)  # [A, U] unseen tokens, padded
+        for i, u in enumerate(unseen):
+            ids[i, : len(u)] = u
+        logits = self._feed(slots, ids, [np.arange(n) for n in lens])[np.arange(len(active)), lens - 1]  # [A, V]
+        for b, u in zip(active, unseen):
+            self.seen[rows[b].slot].extend(u)
+        tokens = [[] for _ in active]  # per active row
+        qs = [[] for _ in active]
+        for i in range(max(ks)):
+            for j, b in enumerate(active):
+                if i < ks[b]:
+                    params = rows[b].params
+                    if params.greedy:
+                        tokens[j].append(int(np.argmax(logits[j])))
+                    else:
+                        q = probs(logits[j][None], params)[0]  # [V]
+                        tokens[j].append(int(sample(q[None], rows[b].rng)[0]))
+                        qs[j].append(q)
+            feed = [j for j, b in enumerate(active) if i < ks[b] - 1]  # rows that need another token
+            if not feed:
+                break
+            step = self._feed(slots[feed], np.array([[tokens[j][-1]] for j in feed]))  # [F, 1, V]
+            for f, j in enumerate(feed):
+                logits[j] = step[f, 0]
+                self.seen[slots[j]].append(tokens[j][-1])
+        dt = (time.perf_counter() - t0) / max(ks)
+        self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
+        out = [EMPTY] * len(rows)
+        for j, b in enumerate(active):
+            out[b] = Proposal(np.array(tokens[j], np.int64), np.stack(qs[j]) if qs[j] else None)
+        return out
+
+    def _feed(self, slots, ids, keep=None) -> np.ndarray:
+        p = self.runner.forward(slots, ids)
+        self.runner.commit(p, keep)
+        self.passes += 1
+        return p.logits
+
+    def move(self, src: int, dst: int) -> None:
+        self.runner.move(src, dst)
+        self.seen[dst], self.seen[src] = self.seen[src], []
+
+    def release(self, slot: int) -> None:
+        self.runner.release(slot)
+        self.seen[slot] = []

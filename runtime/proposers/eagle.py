@@ -1,0 +1,182 @@
+"""EAGLE (EAGLE-1 head, EAGLE-2 dynamic draft tree), verified exactly in ONE target pass per round.
+
+The head (export/eagle_head.py) reads (f_t, x_{t+1}) at "row" t and predicts f_{t+1}, whose logits
+lm_head(f_{t+1}) score x_{t+2}. Invariants between rounds, with ``seq`` = tokens emitted so far
+and L = len(seq):
+
+    target cache   every token of seq except the last (the pending root x_{L-1})
+    head cache     rows 0..L-2, all built from the target's TRUE features f_0..f_{L-2}
+    root_logits    the head's logits of row L-2 (candidates for x_L); root_feat = its f̂_{L-1}
+
+A round:
+  1. draft (``dynamic_tree``, EAGLE-2): depth 1 holds the top-k tokens of root_logits; at each
+     further depth the k nodes with the highest cumulative log-probability (path score) are
+     expanded by ONE head call (each node's row attends to the committed rows and its own
+     ancestors' rows: a tree mask over the draft rows), and each contributes its top-k children.
+     All candidates are then reranked by path score and the best ``nodes - 1`` kept (a child
+     never scores above its parent, so the kept set is a tree). The draft rows are discarded.
+  2. verify (the decode core): ONE target pass over the tree (runtime/tree.py mask and depths),
+     the exact node walk of runtime/verify.py (greedy: argmax match). Candidates are a
+     deterministic function of the history, so the emitted tokens follow the target's distribution exactly.
+  3. the core keeps root + accepted path in the target cache; ``observe`` re-runs the head on
+     the emitted tokens with the TRUE features of the tree pass (root and accepted nodes), which
+     restores the head invariant and yields the next root_logits.
+
+Per slot the proposer keeps root_logits, root_feat and its rows in the head's own cache (a
+``HostRunner`` of ``max_batch`` slots); rows are drafted one after another.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...contract import NP_DTYPES
+from ...engines.manifest import EagleSpec
+from ..runner import HostRunner
+from ..tree import compile_tree
+from . import EMPTY, NoProposer, Proposal
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+@dataclass(eq=False)
+class Node:
+    """A draft-tree node: ``path`` of ranks (runtime/tree.py choices format) and its tokens."""
+
+    path: tuple
+    tokens: tuple
+    score: float  # cumulative log-probability of the path under the head
+    parent: "Node | None" = None
+    row: int = -1  # head-cache row of this node's expansion (set by the expand callback)
+    feat: object = None  # the head's predicted feature at this node (set by the expand callback)
+
+
+def _children(parent: Node, logp: np.ndarray, topk: int) -> list[Node]:
+    k = min(topk, len(logp))
+    top = np.argpartition(-logp, k - 1)[:k] if k < len(logp) else np.arange(len(logp))
+    top = top[np.lexsort((top, -logp[top]))]  # ranks 0..k-1 by descending probability (ties: smaller id)
+    return [Node(parent.path + (r,), parent.tokens + (int(t),), parent.score + float(logp[t]), parent)
+            for r, t in enumerate(top)]
+
+
+def dynamic_tree(root_logp: np.ndarray, expand, topk: int, depth: int, nodes: int) -> tuple[list, dict]:
+    """EAGLE-2 tree: returns (choices, path -> token) of the ``nodes - 1`` best paths (root excluded).
+
+    root_logp: [V] head log-probabilities of the depth-1 tokens. ``expand(frontier)`` takes the
+    nodes chosen for expansion (list of ``Node``) and returns their children's log-probabilities
+    [len(frontier), V]. Per depth the ``topk`` best-scoring nodes are expanded; ties in the final
+    rerank go to the shallower node, so every kept node's parent is kept.
+    """
+    root = Node((), (), 0.0)
+    layer = _children(root, np.asarray(root_logp), topk)
+    cands = list(layer)
+    for _ in range(1, depth):
+        frontier = sorted(layer, key=lambda n: -n.score)[:topk]
+        logps = expand(frontier)
+        layer = [c for n, lp in zip(frontier, logps) for c in _children(n, np.asarray(lp), topk)]
+        cands += layer
+    kept = sorted(cands, key=lambda n: (-n.score, len(n.path)))[: nodes - 1]
+    return [list(n.path) for n in kept], {n.path: n.tokens[-1] for n in kept}
+
+
+def head_runner(engine, spec: EagleSpec, max_len: int, tree: dict, max_batch: int) -> HostRunner:
+    """The head graph with its own one-layer cache, sized for the committed rows plus one round's draft rows."""
+    return HostRunner(engine, 1, spec.num_kv_heads, spec.head_dim, max_len + (tree["depth"] + 1) * tree["topk"],
+                      max_batch, NP_DTYPES[spec.dtype])
+
+
+class EagleProposer(NoProposer):
+    """EAGLE-2 dynamic trees from the EAGLE head (see the module docstring)."""
+
+    name = "eagle"
+    tree = True
+    needs_hidden = True
+    tree_name = "eagle-dynamic"
+    passes_name = "head_passes"  # the stats key of ``passes``
+
+    def __init__(self, head: HostRunner, hidden_size: int, vocab_size: int, topk: int, depth: int, nodes: int):
+        self.head, self.topk, self.depth, self.nodes = head, topk, depth, nodes
+        self.max_nodes = nodes - 1
+        slots = head.max_batch
+        self.root_logits = np.zeros((slots, vocab_size), dtype=np.float32)  # [slots, V] candidates for the next token
+        self.root_feat = np.zeros((slots, hidden_size), dtype=head.dtype)  # [slots, H] the head's f̂ at the root
+        self.step_seconds = None  # EWMA seconds of one round's drafting (head calls + tree building)
+        self.passes = 0  # head graph calls
+
+    @property
+    def draft_rows(self) -> int:
+        return (self.depth - 1) * self.topk
+
+    def start(self, row, hidden) -> None:
+        self.head.release(row.slot)
+        self._chain(row.slot, row.seq[1:], hidden)  # rows 0..L-2 from the true features f_0..f_{L-2}
+
+    def observe(self, row, new, hidden) -> None:
+        if self.head.room(row.slot) >= len(new):
+            self._chain(row.slot, new, hidden)  # rows start..start+n: the head invariant again
+
+    def _chain(self, slot: int, ids, feats) -> None:
+        """Commit rows at the next positions with causal attention; keeps the last row's outputs."""
+        p = self.head.forward([slot], [list(ids)], feeds={"hidden": np.asarray(feats, dtype=self.head.dtype)[None]})
+        self.head.commit(p)
+        self.passes += 1
+        self.root_logits[slot], self.root_feat[slot] = p.logits[0, -1], p.outputs["next_hidden"][0, -1]
+
+    def propose(self, rows, ks) -> list[Proposal]:
+        out = []
+        for row, k in zip(rows, ks):
+            if not k or self.head.room(row.slot) < self.draft_rows + self.depth + 1:
+                out.append(EMPTY)
+                continue
+            t0 = time.perf_counter()
+            tree, tokens = self.draft(row.slot)
+            out.append(Proposal(tokens, None, tree))
+            dt = time.perf_counter() - t0
+            self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
+        return out
+
+    def draft(self, slot: int):
+        """-> (Tree, tokens int64 [N - 1] of nodes 1..N-1). Leaves the slot's head cache as it found it."""
+        head = self.head
+        committed = int(head.lengths[slot])  # rows 0..L-2: the root's row is the last one
+        base = committed - 1  # position of the root's row
+        root_feat = self.root_feat[slot]
+
+        def expand(frontier):
+            past, q = int(head.lengths[slot]), len(frontier)
+            visible = np.zeros((1, q, past), dtype=bool)  # [1, Q, P]: committed rows and each node's ancestors
+            visible[0, :, :committed] = True
+            for i, n in enumerate(frontier):
+                a = n.parent
+                while a is not None and a.row >= 0:
+                    visible[0, i, a.row] = True
+                    a = a.parent
+            feats = np.stack([n.parent.feat if n.parent.feat is not None else root_feat for n in frontier])
+            p = head.forward([slot], [[n.tokens[-1] for n in frontier]], blocks=[np.eye(q, dtype=bool)],
+                             positions=(base + np.array([len(n.path) for n in frontier]))[None],
+                             past_visible=visible, feeds={"hidden": feats[None]})
+            head.commit(p)
+            self.passes += 1
+            for i, n in enumerate(frontier):
+                n.row, n.feat = past + i, p.outputs["next_hidden"][0, i]
+            return log_softmax(p.logits[0])
+
+        try:
+            choices, tok = dynamic_tree(log_softmax(self.root_logits[slot]), expand, self.topk, self.depth, self.nodes)
+        finally:
+            head.rollback(slot, committed)
+        tree = compile_tree(choices, "eagle")
+        return tree, np.array([tok[tuple(p)] for p in tree.choices], dtype=np.int64)
+
+    def move(self, src: int, dst: int) -> None:
+        self.head.move(src, dst)
+        self.root_logits[dst], self.root_feat[dst] = self.root_logits[src], self.root_feat[src]
+
+    def release(self, slot: int) -> None:
+        self.head.release(slot)

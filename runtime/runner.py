@@ -1,0 +1,171 @@
+"""A ``HostRunner`` owns one graph's engine and the KV cache of ``max_batch`` sequences (slots).
+
+The cache is time-major, ``data`` [2 * layers, max_len, slots, Hkv, D], with ``lengths`` [slots]:
+entries ``[0, lengths[s])`` of slot s are valid, everything after is stale and always masked.
+A call runs rows (slots) of different lengths together: the past fed to the graph is
+``data[:, :P, slots]`` with P = the longest selected row (a view when the slots are consecutive),
+row r's columns >= lengths[r] are masked, and its new tokens sit at positions lengths[r] + depth.
+
+``forward`` returns a ``Pass`` and writes nothing; ``commit(pass, keep)`` writes the kept new
+positions of each row after its valid entries: a chain keeps its first n + 1 positions
+(rollback is that and nothing else), a tree keeps the root and the accepted path (compaction
+costs no copy inside the cache). Any ``Engine`` works (ort, torch): named numpy arrays in and out.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..contract import NP_DTYPES, batch_mask, chain_mask, new_names, past_names
+
+
+class CacheFullError(RuntimeError):
+    pass
+
+
+@dataclass
+class Pass:
+    """One graph call over some rows, not yet committed to the cache."""
+
+    slots: np.ndarray  # int64 [R] the cache slot of each row
+    logits: np.ndarray  # float32 [R, Q, V]
+    outputs: dict  # every graph output by name: new K/V [Q, R, Hkv, D], "hidden" [R, Q, H] where exported
+
+
+class HostRunner:
+    """One graph and its batched cache in host memory.
+
+    ``on_call(batch, q, seconds)`` (optional) receives the time of every recorded call: the
+    latency estimator's T(B·Q) curve. ``engine_seconds`` / ``calls`` add up every call.
+    """
+
+    def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
+                 max_batch: int = 1, dtype=np.float32, prefill_chunk: int = 128,
+                 on_call: Callable[[int, int, float], None] | None = None):
+        self.engine = engine
+        self.dtype = dtype
+        self.max_len = max_len
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.data = np.zeros((2 * num_layers, max_len, max_batch, num_kv_heads, head_dim), dtype=dtype)
+        self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
+        self.past_names, self.new_names = past_names(num_layers), new_names(num_layers)
+        self.on_call = on_call
+        self.engine_seconds = 0.0
+        self.calls = 0
+
+    @classmethod
+    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "HostRunner":
+        """A runner for a target or draft graph described by a manifest ``GraphSpec``."""
+        g = spec.geometry
+        return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
+                   int(spec.shapes.get("prefill", 128)), on_call)
+
+    def room(self, slot: int) -> int:
+        """Free cache entries of ``slot``."""
+        return self.max_len - int(self.lengths[slot])
+
+    # ---- running ----------------------------------------------------------------------------
+    def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
+                record: bool = True) -> Pass:
+        """Run ``ids`` [R, Q] after each slot's valid entries. Writes nothing (see ``commit``).
+
+        blocks: per row a bool [n_r, n_r] attend block over its new tokens (a tree), or None (chain);
+        depths: per row int [n_r] (a tree's depths; positions are lengths + depth) or None;
+        positions: int [R, Q] overrides positions; past_visible: bool [R, Q, P] overrides the
+        visible past (``contract.batch_mask``); feeds: extra graph inputs (the EAGLE head's "hidden").
+        """
+        slots = np.asarray(slots, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        r, q = ids.shape
+        lengths = self.lengths[slots]  # [R]
+        past = int(lengths.max())
+        if r == 1 and blocks is None and past_visible is None:
+            mask = chain_mask(past, q, self.dtype)  # the batch-1 fast path
+        else:
+            mask = batch_mask(lengths, q, blocks, past_visible, self.dtype)  # [R, 1, Q, P+Q]
+        if positions is None:
+            offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
+            for b, d in enumerate(depths or ()):
+                if d is not None:
+                    offsets[b, : len(d)] = d
+            # padding positions may run past the cache: clip them (their outputs are never used)
+            positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
+        feeds = {"input_ids": ids, "position_ids": np.asarray(positions, dtype=np.int64), "attention_mask": mask,
+                 **(feeds or {}), **self._past(slots, past)}
+        t0 = time.perf_counter()
+        out = self.engine.run(feeds)
+        dt = time.perf_counter() - t0
+        self.engine_seconds += dt
+        self.calls += 1
+        if record and self.on_call is not None:
+            self.on_call(r, q, dt)
+        return Pass(slots, out["logits"], out)
+
+    def _past(self, slots: np.ndarray, past: int) -> dict[str, np.ndarray]:
+        """The first ``past`` entries of the selected slots: name -> [past, R, Hkv, D] (a view if consecutive)."""
+        s0, s1 = int(slots[0]), int(slots[-1]) + 1
+        if s1 - s0 == len(slots) and np.array_equal(slots, np.arange(s0, s1)):
+            return {name: self.data[j, :past, s0:s1] for j, name in enumerate(self.past_names)}
+        return {name: self.data[j, :past][:, slots] for j, name in enumerate(self.past_names)}
+
+    def commit(self, p: Pass, keep=None) -> None:
+        """Append row r's new positions ``keep[r]`` (int indices into Q, ascending; None: all Q) to its slot."""
+        q = p.logits.shape[1]
+        keeps = [np.arange(q)] * len(p.slots) if keep is None else [np.asarray(k, dtype=np.int64) for k in keep]
+        start = self.lengths[p.slots]  # [R]
+        counts = np.array([len(k) for k in keeps], dtype=np.int64)
+        if np.any(start + counts > self.max_len):
+            raise CacheFullError(f"KV cache full: lengths {start.tolist()} + {counts.tolist()} > max_len {self.max_len}")
+        new = [p.outputs[name] for name in self.new_names]  # each [Q, R, Hkv, D]
+        if len(p.slots) == 1:
+            s, n, k = int(p.slots[0]), int(counts[0]), keeps[0]
+            k = slice(0, n) if n == 0 or (k[0] == 0 and k[-1] == n - 1) else k
+            for j, arr in enumerate(new):
+                self.data[j, start[0] : start[0] + n, s] = arr[k, 0]
+        else:
+            r_idx = np.repeat(np.arange(len(keeps)), counts)  # [K] which row each kept entry is from
+            q_idx = np.concatenate(keeps)  # [K] its index among the row's new positions
+            t_idx = start[r_idx] + np.concatenate([np.arange(n) for n in counts])  # [K] destination time
+            s_idx = p.slots[r_idx]  # [K] destination slot
+            for j, arr in enumerate(new):
+                self.data[j, t_idx, s_idx] = arr[q_idx, r_idx]
+        self.lengths[p.slots] = start + counts
+
+    def prefill(self, slot: int, ids) -> tuple[np.ndarray, np.ndarray | None]:
+        """Feed a prompt into ``slot`` in chunks of the exported prefill shape.
+
+        Returns (logits [V] of the last position, hidden [P, H] of every position, or None).
+        """
+        ids = list(ids)
+        last, hidden = None, []
+        for i in range(0, len(ids), self.prefill_chunk):
+            p = self.forward([slot], [ids[i : i + self.prefill_chunk]], record=False)
+            self.commit(p)
+            last = p.logits[0, -1]
+            if "hidden" in p.outputs:
+                hidden.append(p.outputs["hidden"][0])
+        return last, (np.concatenate(hidden) if hidden else None)
+
+    def prefill_calls(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.prefill_chunk)
+
+    # ---- slots --------------------------------------------------------------------------------
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` entries of ``slot``."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
+        self.lengths[slot] = length
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
+        n = int(self.lengths[src])
+        self.data[:, :n, dst] = self.data[:, :n, src]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
