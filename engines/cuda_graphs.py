@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import MASK_MIN
 from .base import EngineError
-from .manifest import io_names
 
 
 def default_buckets(max_len: int, smallest: int = 64) -> list[int]:
@@ -69,8 +69,6 @@ class DeviceModel:
                  q_shapes=(1,), buckets=None, cuda_graphs: bool = False, pad: bool | None = None,
                  has_hidden: bool = False, warmup: int = 2):
         import torch
-
-        from ..export.wrapper import MASK_MIN
 
         self.torch = torch
         self.core = core
@@ -246,77 +244,6 @@ class DeviceModel:
     def drop_shapes(self) -> None:
         """Free every static buffer and captured graph (memory comes back to torch's allocator)."""
         self.shapes.clear()
-
-
-# ---- the runtime adapter: CachedModel over a DeviceModel ---------------------------------------
-
-
-class DeviceEngine:
-    """Engine protocol over a DeviceModel for ``runtime.model.CachedModel``: the feeds' ids,
-    positions and mask say what to run; the past is already on the device (``DeviceKVCache.feeds``
-    is empty). Returns host logits (and hidden): what the runtime's acceptance reads."""
-
-    def __init__(self, dm: DeviceModel, spec):
-        self.dm = dm
-        self.input_names, self.output_names = io_names(spec.geometry.num_layers, spec.has_hidden)
-        self.has_hidden = spec.has_hidden
-        self.np_dtype = {"fp32": np.float32, "fp16": np.float16}[spec.dtype]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids = np.asarray(feeds["input_ids"])
-        mask = np.asarray(feeds["attention_mask"])
-        q = ids.shape[1]
-        p = mask.shape[-1] - q
-        if p != self.dm.length:
-            raise EngineError(f"device cache holds {self.dm.length} tokens but the feeds' mask implies a past of {p}")
-        attend = mask[0, 0, :, p:] == 0  # [Q, Q]
-        depths = np.asarray(feeds["position_ids"])[0] - p
-        chain = bool(np.array_equal(attend, np.tri(q, dtype=bool)) or q == 1) and np.array_equal(depths, np.arange(q))
-        logits = self.dm.forward(ids, None if chain else attend, None if chain else depths, advance=False)
-        out = {"logits": logits.float().cpu().numpy()}
-        if self.has_hidden:
-            out["hidden"] = self.dm.last_hidden(q).float().cpu().numpy().astype(self.np_dtype)
-        return out
-
-
-class DeviceKVCache:
-    """Stands in for the runtime's host ``KVCache``: the same length bookkeeping, K/V on the device."""
-
-    def __init__(self, dm: DeviceModel):
-        self.dm = dm
-        self.max_len = dm.max_len
-
-    @property
-    def length(self) -> int:
-        return self.dm.length
-
-    @length.setter
-    def length(self, value: int) -> None:
-        self.dm.rollback(value) if value <= self.dm.length else self.dm.advance(value - self.dm.length)
-
-    @property
-    def room(self) -> int:
-        return self.dm.room
-
-    def feeds(self) -> dict:
-        return {}
-
-    def append(self, outputs: dict) -> None:
-        from ..runtime.kv_cache import CacheFullError
-
-        q = outputs["logits"].shape[1]
-        if self.dm.length + q > self.dm.max_len:
-            raise CacheFullError(f"KV cache full: {self.dm.length} + {q} tokens > max_len {self.dm.max_len}")
-        self.dm.advance(q)
-
-    def rollback(self, length: int) -> None:
-        self.dm.rollback(length)
-
-    def compact(self, start: int, keep) -> None:
-        self.dm.compact(start, keep)
-
-    def reset(self) -> None:
-        self.dm.reset()
 
 
 # ---- decode loops that decide on the device -----------------------------------------------------

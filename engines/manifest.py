@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..contract import io_names
 from .base import EngineError
 
 FORMAT = "specrt-engine"
@@ -95,15 +96,6 @@ class Manifest:
     @property
     def draft(self) -> GraphSpec | None:
         return self.graphs.get("draft")
-
-
-def io_names(num_layers: int, has_hidden: bool) -> tuple[list[str], list[str]]:
-    """Graph input and output names for a model with ``num_layers`` layers."""
-    past = [f"past_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
-    new = [f"new_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
-    inputs = ["input_ids", "position_ids", "attention_mask", *past]
-    outputs = ["logits", *new] + (["hidden"] if has_hidden else [])
-    return inputs, outputs
 
 
 def _require(d: dict, key: str, where: str):

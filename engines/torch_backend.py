@@ -7,8 +7,8 @@ Two ways to use it:
   ``specrt.load(engine_dir, backend="torch", device="cpu"|"cuda")`` runs the unchanged runtime
   on it. The runtime owns a host KV cache, so on CUDA every call uploads the past: correct, eager,
   and no CUDA graphs (the past length changes every call).
-* ``load_device_runtime(engine_dir, device="cuda")`` builds the same ``Runtime`` over
-  ``cuda_graphs.DeviceModel``s: the KV cache lives in device memory, inputs and outputs are
+* ``specrt.runtime.device.load_device_runtime(engine_dir, device="cuda")`` runs the decode core over
+  ``cuda_graphs.DeviceModel``s (through ``DeviceRunner``s): the KV cache lives in device memory, inputs and outputs are
   static buffers, and one CUDA graph per fixed shape (query length x past bucket) is captured
   and replayed. Each call still returns the logits to the host, because the runtime's
   acceptance decision reads them (one synchronisation per model call);
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .base import EngineError
-from .manifest import io_names, load_manifest
+from ..contract import io_names
+from .manifest import load_manifest
 
 TORCH_WEIGHTS_DIR = "torch"  # ENGINE_DIR/torch/<role>/: config.json + model.safetensors (HF layout)
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # compute dtype names -> torch
@@ -186,67 +187,3 @@ class TorchEngine:
             outs = self.core(*args)
         return {name: t.to(torch.float32 if name == "logits" else io_dtype).cpu().numpy()
                 for name, t in zip(self.output_names, outs)}
-
-
-# ---- the device-resident runtime -------------------------------------------------------------
-
-
-def load_device_runtime(engine_dir, device: str = "cuda", dtype: str | None = None, cuda_graphs: bool | None = None,
-                        backend: str = "torch", buckets=None, pad: bool | None = None, tree_sizes=(), **core_options):
-    """``specrt.runtime.Runtime`` over an engine dir with every KV cache in device memory.
-
-    backend: "torch" (HF weights of the engine dir), "trt" (TensorRT plans written by
-    ``specrt export --trt``) or "ort" (ONNX Runtime CUDA EP with IO binding; its own CUDA graphs
-    with ``cuda_graph=True``). cuda_graphs (torch/trt): capture one CUDA graph per (query length,
-    past bucket) and replay it; default: on for CUDA. buckets: past capacities (default: powers of
-    two up to max_len). pad: run a query of Q tokens in the smallest captured shape >= Q (exact:
-    padded tokens come after the real ones, so causal masking hides them). tree_sizes: extra
-    query lengths to capture (tree verify). Fixed shapes: 1..gamma+1 (decode, every chain verify
-    and draft catch-up) and the prefill chunk.
-    """
-    from tokenizers import Tokenizer
-
-    from ..runtime.model import CachedModel
-    from ..runtime.runtime import Runtime
-    from .cuda_graphs import DeviceEngine, DeviceKVCache, DeviceModel, default_buckets
-
-    m = load_manifest(engine_dir)
-    dev = resolve_device(device)
-    graphs = (dev.type == "cuda") if cuda_graphs is None else bool(cuda_graphs)
-    if graphs and dev.type != "cuda":
-        raise EngineError("cuda_graphs=True needs device='cuda'")
-    models = {}
-    for role, spec in m.graphs.items():
-        shapes = sorted({*range(1, m.gamma + 2), *map(int, spec.shapes.values()), *map(int, tree_sizes)})
-        torch_graphs = graphs
-        if backend == "torch":
-            weights, entry = find_weights(m.root / spec.file)
-            core = TorchCore(weights, dev, dtype, entry=entry)
-            cache_dtype = core.dtype
-        elif backend == "trt":
-            from .trt_backend import TrtCore, plan_path
-
-            core = TrtCore(plan_path(m.root, role), dev, context_per_shape=graphs, **core_options)
-            cache_dtype = core.io_dtype
-        elif backend == "ort":
-            from .cuda_graphs import OrtCudaCore
-
-            core = OrtCudaCore(m.root / spec.file, spec, dev, **core_options)
-            cache_dtype = core.io_dtype
-            torch_graphs = False  # ORT captures its own graphs (cuda_graph=True), per gpu_graph_id
-        else:
-            raise EngineError(f"unknown device backend {backend!r}; available: torch, trt, ort")
-        fixed = graphs or (backend == "ort" and core_options.get("cuda_graph", False))
-        dm = DeviceModel(core, spec.geometry, m.max_len, device=dev, dtype=cache_dtype, q_shapes=shapes,
-                         buckets=buckets if buckets is not None else (default_buckets(m.max_len) if fixed else None),
-                         cuda_graphs=torch_graphs, pad=fixed if pad is None else pad, has_hidden=spec.has_hidden)
-        model = CachedModel(DeviceEngine(dm, spec), spec, m.max_len)
-        model.cache = DeviceKVCache(dm)  # the host cache CachedModel made is dropped: K/V stay on the device
-        models[role] = model
-    tok = Tokenizer.from_file(str(m.tokenizer_dir / "tokenizer.json"))
-    extra = {}
-    if getattr(m, "medusa", None) is not None:  # the small heads graph has no torch weights: ONNX Runtime, CPU
-        from .ort import OrtEngine
-
-        extra["medusa"] = OrtEngine(m.root / m.medusa.file)
-    return Runtime(m, models["target"], models.get("draft"), tok, **extra)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import EngineError
-from .manifest import io_names
+from ..contract import io_names
 
 
 def import_tensorrt():

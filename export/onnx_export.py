@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from .. import __version__
-from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, io_names, load_manifest, _graph
+from ..contract import io_names
+from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, load_manifest, _graph
 from ..engines.ort import OrtEngine
 from .medusa_heads import export_heads_graph
 from .wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..contract import MASK_MIN  # noqa: F401  (re-exported: the export side of the mask contract)
 from ..engines.manifest import ModelGeometry
 
 # HF architecture name -> family note. Every entry was checked by tests/test_export.py.
@@ -36,8 +37,6 @@ SUPPORTED_ARCHITECTURES = {
     "GPT2LMHeadModel": "GPT-2",
 }
 
-MASK_MIN = -65504.0  # additive value for masked positions: float16's most negative finite value, so the
-# same mask works in fp16 and fp32 graphs (exp(-65504) is 0 in both)
 
 
 class UnsupportedArchitecture(ValueError):

@@ -299,13 +299,15 @@ class DecodeCore:
                 for q in shapes(b):
                     if b * q not in curve.points:
                         curve.record(b * q, time_pass(runner, b, q, past, reps))
-            runner.lengths[:] = 0
+                for slot in range(b):
+                    runner.set_length(slot, 0)
 
 
 def time_pass(runner, batch: int, q: int, past: int, reps: int) -> float:
     """The fastest of ``reps`` calls (after a warm-up) of [batch, q] tokens after ``past`` stale entries."""
     slots, ids = np.arange(batch), np.zeros((batch, q), np.int64)
-    runner.lengths[:batch] = past
+    for slot in slots:
+        runner.set_length(slot, past)
     times = []
     for i in range(reps + 1):
         t0 = time.perf_counter()

@@ -35,7 +35,35 @@ class Pass:
     outputs: dict  # every graph output by name: new K/V [Q, R, Hkv, D], "hidden" [R, Q, H] where exported
 
 
-class HostRunner:
+class Runner:
+    """What every runner shares: prefill in the exported chunks (subclasses: forward, commit, lengths)."""
+
+    prefill_chunk = 128  # tokens per prefill call (the graph's exported prefill shape)
+
+    def prefill(self, slot: int, ids) -> tuple[np.ndarray, np.ndarray | None]:
+        """Feed a prompt into ``slot`` in chunks of the exported prefill shape.
+
+        Returns (logits [V] of the last position, hidden [P, H] of every position, or None).
+        """
+        ids = list(ids)
+        last, hidden = None, []
+        for i in range(0, len(ids), self.prefill_chunk):
+            p = self.forward([slot], [ids[i : i + self.prefill_chunk]], record=False)
+            self.commit(p)
+            last = p.logits[0, -1]
+            if "hidden" in p.outputs:
+                hidden.append(p.outputs["hidden"][0])
+        return last, (np.concatenate(hidden) if hidden else None)
+
+    def prefill_calls(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.prefill_chunk)
+
+    def room(self, slot: int) -> int:
+        """Free cache entries of ``slot``."""
+        return self.max_len - int(self.lengths[slot])
+
+
+class HostRunner(Runner):
     """One graph and its batched cache in host memory.
 
     ``on_call(batch, q, seconds)`` (optional) receives the time of every recorded call: the
@@ -63,10 +91,6 @@ class HostRunner:
         g = spec.geometry
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
                    int(spec.shapes.get("prefill", 128)), on_call)
-
-    def room(self, slot: int) -> int:
-        """Free cache entries of ``slot``."""
-        return self.max_len - int(self.lengths[slot])
 
     # ---- running ----------------------------------------------------------------------------
     def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
@@ -135,29 +159,15 @@ class HostRunner:
                 self.data[j, t_idx, s_idx] = arr[q_idx, r_idx]
         self.lengths[p.slots] = start + counts
 
-    def prefill(self, slot: int, ids) -> tuple[np.ndarray, np.ndarray | None]:
-        """Feed a prompt into ``slot`` in chunks of the exported prefill shape.
-
-        Returns (logits [V] of the last position, hidden [P, H] of every position, or None).
-        """
-        ids = list(ids)
-        last, hidden = None, []
-        for i in range(0, len(ids), self.prefill_chunk):
-            p = self.forward([slot], [ids[i : i + self.prefill_chunk]], record=False)
-            self.commit(p)
-            last = p.logits[0, -1]
-            if "hidden" in p.outputs:
-                hidden.append(p.outputs["hidden"][0])
-        return last, (np.concatenate(hidden) if hidden else None)
-
-    def prefill_calls(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.prefill_chunk)
-
     # ---- slots --------------------------------------------------------------------------------
     def rollback(self, slot: int, length: int) -> None:
         """Keep only the first ``length`` entries of ``slot``."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
+        self.lengths[slot] = length
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Treat the first ``length`` entries of ``slot`` as valid (calibration on stale entries)."""
         self.lengths[slot] = length
 
     def move(self, src: int, dst: int) -> None:

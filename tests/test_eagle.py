@@ -1,5 +1,6 @@
 """EAGLE: head module + ONNX parity, training, dynamic tree building, exact tree-speculative decoding."""
 import itertools
+from types import SimpleNamespace
 import json
 
 import numpy as np
@@ -12,8 +13,8 @@ from specrt.engines import EngineError
 from specrt.export.eagle_head import (EagleConfig, EagleHead, causal_mask, export_head_graph, load_head,
                                       parity_cases, INPUTS)
 from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
-from specrt.runtime.eagle import (EagleDrafter, EagleHeadModel, EagleStats, dynamic_tree, eagle_decode,
-                                  log_softmax)
+from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
+from specrt.runtime.proposers.eagle import dynamic_tree, log_softmax
 from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import compile_tree
 from specrt.tools.cli import cli
@@ -21,6 +22,7 @@ from specrt.tools.train_eagle import EagleTrainConfig, train
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 from test_medusa import sample_corpus
 from tiny import make_model
+from fresh import fresh_runner
 
 V = 16
 TRIALS = 2500
@@ -239,27 +241,20 @@ def test_runs_into_max_len(rt):
 
 
 def test_head_cache_matches_fresh_recompute_after_sampled_rounds(rt):
-    t = rt.eagle_tree
-    head = EagleHeadModel(rt.eagle, rt.manifest.eagle, 64)
-    drafter = EagleDrafter(head, t["topk"], t["depth"], t["nodes"])
-    stats = EagleStats()
-    rt.target.reset()
-    seq = list(LONG)  # two prefill chunks: the head's first rows read features from both
-    params = SamplingParams(temperature=1.0)
-    for new in eagle_decode(rt.target, drafter, LONG, params, np.random.default_rng(3), stats, lambda: 20):
-        seq += new
-        if len(seq) >= len(LONG) + 12:
-            break
-    assert stats.rounds >= 2
-    n = head.cache.length
-    # the head generator is paused right after yielding: its catch-up for the last round is pending,
-    # so it holds the rows up to the previous round; recompute those from the target's true features
-    rt.target.reset()
-    rt.target.forward(seq[:n])
-    feats = rt.target.last_outputs["hidden"][0]  # [n, H] true f_0..f_{n-1}
-    fresh = EagleHeadModel(rt.eagle, rt.manifest.eagle, 64)
-    fresh.chain(seq[1 : n + 1], feats)
-    assert np.abs(fresh.cache.data[:, :n] - head.cache.data[:, :n]).max() < 1e-4
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", calibrate=False))
+    # two prefill chunks: the head's first rows read features from both
+    core.add(SequenceRequest("r", LONG, SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)))
+    row, head = core.rows[0], core.proposer.head
+    while len(row.seq) < len(LONG) + 12:
+        core.step()
+    assert row.counts.rounds >= 2
+    n = int(head.lengths[row.slot])
+    assert n == len(row.seq) - 1  # the head holds rows 0..L-2 (catch-up after each round done)
+    _, feats = fresh_runner(rt.target).prefill(0, row.seq[:n])  # [n, H] true f_0..f_{n-1}
+    fresh = rt.proposer("eagle", 1)
+    fresh.start(SimpleNamespace(slot=0, seq=row.seq[: n + 1]), feats)
+    assert np.abs(fresh.head.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
+    core.remove("r")
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
@@ -315,15 +310,14 @@ def test_head_for_another_target_is_refused(trained, tmp_path):
 def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
     """Each expanded draft node (tree mask over the head's cache, parent's predicted feature, position by
     depth) computes what a plain causal head pass over its own path computes."""
-    from specrt.runtime import eagle as eagle_module
+    from specrt.runtime.proposers import eagle as eagle_module
 
     t = rt.eagle_tree
-    rt.target.reset()
-    logits = rt.target.forward(PROMPT)
-    feats = rt.target.last_outputs["hidden"][0]
-    seq = PROMPT + [int(logits[-1].argmax())]
-    head = EagleHeadModel(rt.eagle, rt.manifest.eagle, 64)
-    lo, fe = head.chain(seq[1:], feats)
+    logits, feats = fresh_runner(rt.target).prefill(0, PROMPT)
+    row = SimpleNamespace(slot=0, seq=PROMPT + [int(logits.argmax())])
+    proposer = rt.proposer("eagle", 1)
+    proposer.start(row, feats)
+    root_feat = proposer.root_feat[0].copy()
     expanded, real = [], eagle_module.dynamic_tree
 
     def spy(root_logp, expand, *args):
@@ -334,19 +328,19 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
         return real(root_logp, recording, *args)
 
     monkeypatch.setattr(eagle_module, "dynamic_tree", spy)
-    tree, tokens = EagleDrafter(head, t["topk"], t["depth"], t["nodes"]).draft(lo[-1], fe[-1])
-    assert head.cache.length == len(seq) - 1  # draft rows dropped
+    proposer.draft(0)
+    assert proposer.head.lengths[0] == len(row.seq) - 1  # draft rows dropped
     assert len(expanded) == (t["depth"] - 1) * t["topk"] and max(len(n.path) for n, _ in expanded) == t["depth"] - 1
     for node, logp in expanded:
         path, a = [], node
         while a.parent is not None:
             path.append(a)
             a = a.parent
-        fresh = EagleHeadModel(rt.eagle, rt.manifest.eagle, 64)
-        fresh.chain(seq[1:], feats)
-        f = fe[-1]
-        for n in reversed(path):  # depth 1 .. node
-            l, nf = fresh.chain([n.tokens[-1]], f[None])
-            f = nf[-1]
+        fresh = rt.proposer("eagle", 1)
+        fresh.start(row, feats)
+        f = root_feat
+        for n in reversed(path):  # depth 1 .. node: one causal head row each
+            fresh._chain(0, [n.tokens[-1]], f[None])
+            f = fresh.root_feat[0]
         assert np.abs(f - node.feat).max() < 1e-4
-        assert np.abs(log_softmax(l[-1]) - logp).max() < 1e-4
+        assert np.abs(log_softmax(fresh.root_logits[0]) - logp).max() < 1e-4

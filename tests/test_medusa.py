@@ -11,15 +11,17 @@ import specrt
 from specrt.engines import EngineError
 from specrt.export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
 from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf, vocab_sha256
-from specrt.runtime import decode_tree
-from specrt.runtime.decode_tree import TreeStats, tree_speculative_decode
-from specrt.runtime.model import CachedModel
+from specrt.runtime import verify
+from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
+from specrt.runtime.proposers import NoProposer, Proposal
+from specrt.runtime.proposers.medusa import MedusaProposer
 from specrt.runtime.sampling import SamplingError, SamplingParams, probs, sample
 from specrt.runtime.tree import TreeError, compile_tree, load_tree
 from specrt.tools.cli import cli
 from specrt.tools.train_medusa import TrainConfig, TrainError, train
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 from tiny import make_model
+from fresh import fresh_logits, fresh_runner
 
 V = 16
 TRIALS = 2500
@@ -160,7 +162,7 @@ def children_each_get_a_coin(tree, tokens, logits, params, rng):
 
 
 def test_harness_has_power_against_a_wrong_tree_rule(rt, target_model, monkeypatch):
-    monkeypatch.setattr(decode_tree, "verify_tree_sampled", children_each_get_a_coin)
+    monkeypatch.setattr(verify, "verify_tree_sampled", children_each_get_a_coin)
     counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="medusa", temperature=1.0)
     assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) < P_MIN
 
@@ -171,70 +173,73 @@ def test_typical_acceptance_is_lossy(rt, target_model):
     assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) < P_MIN
 
 
-class OracleOffLeftProposer:
+class OracleOffLeftProposer(NoProposer):
     """Puts the target's greedy continuation on the path (1,), (1, 0), (1, 0, 0) and wrong tokens elsewhere,
     so greedy verification accepts a non-leftmost path. Records the hidden state it is given."""
 
-    def __init__(self, target, tree, seq):
-        self.target, self.tree, self.seq = target, tree, seq
+    tree = True
+    needs_hidden = True
+    tree_name, passes_name = "oracle", "heads_passes"
+
+    def __init__(self, target, tree):
+        self.target, self.candidates = target, tree
+        self.max_nodes, self.depth = tree.size - 1, tree.depth
         self.hiddens = []
 
-    def propose(self, hidden):
-        self.hiddens.append(hidden.copy())
-        fresh = CachedModel(self.target.engine, self.target.spec, 64)
-        logits, greedy = fresh.prefill(self.seq), []
-        for _ in range(self.tree.depth):
-            greedy.append(int(np.argmax(logits)))
-            logits = fresh.forward(greedy[-1:])[-1]
-        tokens = np.full(self.tree.size, -1, dtype=np.int64)
-        for i, path in enumerate(self.tree.choices, start=1):
+    def start(self, row, hidden):
+        self.hiddens.append(hidden[-1].copy())
+
+    def observe(self, row, new, hidden):
+        self.hiddens.append(hidden[-1].copy())
+
+    def propose(self, rows, ks):
+        tree, (row,) = self.candidates, rows
+        greedy = list(row.seq)
+        for _ in range(tree.depth):
+            greedy.append(int(np.argmax(fresh_logits(self.target, greedy))))
+        greedy = greedy[len(row.seq):]
+        tokens = np.full(tree.size - 1, -1, dtype=np.int64)
+        for i, path in enumerate(tree.choices):
             good = path[0] == 1 and all(r == 0 for r in path[1:])
             tokens[i] = greedy[len(path) - 1] if good else (greedy[len(path) - 1] + 1 + path[-1]) % V
-        return tokens
+        return [Proposal(tokens, None, tree)]
+
+
+def medusa_core(rt, proposer) -> DecodeCore:
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", calibrate=False), proposer=proposer)
+    return core
 
 
 def test_kv_compaction_after_a_non_leftmost_path(rt):
     """After accepting (1,), (1, 0), (1, 0, 0), the cache and the heads' hidden equal a fresh recomputation."""
-    tree = compile_tree(TREE)
-    seq = list(PROMPT)
-    proposer = OracleOffLeftProposer(rt.target, tree, seq)  # reads seq as it grows
-    stats = TreeStats()
-    rt.target.reset()
-    steps = tree_speculative_decode(rt.target, proposer, tree, PROMPT, SamplingParams(), np.random.default_rng(0),
-                                    stats, budget=lambda: 100)
-    seq += next(steps)
+    proposer = OracleOffLeftProposer(rt.target, compile_tree(TREE))
+    core = medusa_core(rt, proposer)
+    core.add(SequenceRequest("r", PROMPT, SamplingParams(max_new_tokens=100)))
+    row = core.rows[0]
     want_hidden = []
     for _ in range(3):
-        seq += next(steps)
-        assert stats.accept_lengths[-1] == 3  # the whole off-left path, then the bonus
-        assert rt.target.length == len(seq) - 1
-        fresh = CachedModel(rt.target.engine, rt.target.spec, 64)
-        fresh.prefill(seq[:-1])
-        want_hidden.append(fresh.last_outputs["hidden"][0, -1])  # at the position that predicted seq[-1]
-        expected = fresh.forward(seq[-1:])[-1]
-        got = rt.target.forward(seq[-1:])[-1]  # the next pass on the compacted cache ...
-        rt.target.rollback(len(seq) - 1)  # ... undone, so decoding continues
-        np.testing.assert_allclose(got, expected, atol=1e-4)
-    next(steps)
+        core.step()
+        assert row.counts.accept_lengths[-1] == 3  # the whole off-left path, then the bonus
+        assert core.target.lengths[row.slot] == len(row.seq) - 1
+        _, hidden = fresh_runner(rt.target).prefill(0, row.seq[:-1])
+        want_hidden.append(hidden[-1])  # at the position that predicted seq[-1]
+        got = core.target.forward([row.slot], [row.seq[-1:]]).logits[0, -1]  # the next pass on the compacted cache
+        np.testing.assert_allclose(got, fresh_logits(rt.target, row.seq), atol=1e-4)
     for got, want in zip(proposer.hiddens[1:], want_hidden):
         np.testing.assert_allclose(got, want, atol=1e-4)
+    core.remove("r")
 
 
 def test_kv_matches_fresh_recompute_after_sampled_rounds(rt):
-    from specrt.runtime.medusa import MedusaProposer
-
-    tree = compile_tree(TREE)
-    proposer = MedusaProposer(rt.medusa, rt.manifest.medusa, tree)
-    stats = TreeStats()
-    rt.target.reset()
-    steps = tree_speculative_decode(rt.target, proposer, tree, PROMPT, SamplingParams(temperature=1.0),
-                                    np.random.default_rng(1), stats, budget=lambda: 100)
-    seq = list(PROMPT)
+    core = medusa_core(rt, MedusaProposer(rt.medusa, rt.manifest.medusa, compile_tree(TREE), 1))
+    core.add(SequenceRequest("r", PROMPT, SamplingParams(temperature=1.0, seed=1, max_new_tokens=100)))
+    row = core.rows[0]
     for _ in range(4):
-        seq += next(steps)
-    assert stats.accepted > 0 and rt.target.length == len(seq) - 1
-    fresh = CachedModel(rt.target.engine, rt.target.spec, 64)
-    np.testing.assert_allclose(rt.target.forward(seq[-1:])[-1], fresh.prefill(seq), atol=1e-4)
+        core.step()
+    assert row.counts.accepted > 0 and core.target.lengths[row.slot] == len(row.seq) - 1
+    got = core.target.forward([row.slot], [row.seq[-1:]]).logits[0, -1]
+    np.testing.assert_allclose(got, fresh_logits(rt.target, row.seq), atol=1e-4)
+    core.remove("r")
 
 
 # ---- bad input -----------------------------------------------------------------------------------

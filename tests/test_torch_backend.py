@@ -18,7 +18,8 @@ import specrt.runtime.runtime
 from specrt.engines import EngineError, OrtEngine, open_engine
 from specrt.engines.cuda_graphs import DeviceModel, default_buckets, greedy_plain_device, greedy_speculative_device
 from specrt.engines.manifest import load_manifest
-from specrt.engines.torch_backend import TorchCore, TorchEngine, find_weights, load_device_runtime
+from specrt.engines.torch_backend import TorchCore, TorchEngine, find_weights
+from specrt.runtime.device import load_device_runtime
 from specrt.export.onnx_export import ExportConfig, example_tree_mask, export_engine, random_feeds
 from tiny import make_model
 
@@ -134,7 +135,7 @@ def test_device_runtime_matches_ort(engines, layout):
         for prompt in PROMPTS:
             assert _greedy(dev_rt, prompt, method) == _greedy(ort_rt, prompt, method), (layout, method, prompt)
     if layout == "bucketed_padded":
-        shapes = set(dev_rt.target.engine.dm.shapes)
+        shapes = set(dev_rt.target.engine.shapes)
         assert {b for _, b in shapes} <= {8, 16, 32, MAX_LEN} and len({b for _, b in shapes}) > 1
         assert any(q == CHUNK for q, _ in shapes)  # prompt tails were padded up to the prefill shape
 
@@ -247,7 +248,7 @@ def test_engines_package_imports_without_torch():
 
 def test_gpu_check_plugin_routes_load_and_export(engines, tmp_path, monkeypatch):
     """tools/gpu_check.py runs tests/test_exactness.py through this plugin: it must really swap the runtime."""
-    from specrt.engines.cuda_graphs import DeviceKVCache
+    from specrt.engines.cuda_graphs import DeviceModel
     from specrt.export import onnx_export
     from specrt.tools import gpu_check
 
@@ -255,7 +256,7 @@ def test_gpu_check_plugin_routes_load_and_export(engines, tmp_path, monkeypatch)
     monkeypatch.setattr(onnx_export, "export_engine", onnx_export.export_engine)
     gpu_check.install_device_runtime("cpu")
     rt = specrt.load(engines["llama"])
-    assert isinstance(rt.target.cache, DeviceKVCache) and isinstance(rt.draft.cache, DeviceKVCache)
+    assert isinstance(rt.target.engine, DeviceModel) and isinstance(rt.draft.engine, DeviceModel)
     want = _greedy(specrt.runtime.runtime.Runtime.load(engines["llama"]), PROMPTS[0], "draft")
     assert _greedy(rt, PROMPTS[0], "draft") == want
     t = make_model(tmp_path / "t", arch="llama", seed=3, hidden=16, layers=1, eos_token_id=None)
@@ -275,7 +276,7 @@ def test_cuda_device_runtime_matches_cpu(engines, graphs):
         for prompt in PROMPTS:
             assert _greedy(gpu_rt, prompt, method) == _greedy(ort_rt, prompt, method), (method, prompt)
     if graphs:
-        assert gpu_rt.target.engine.dm.replays > 0
+        assert gpu_rt.target.engine.replays > 0
 
 
 @needs_cuda

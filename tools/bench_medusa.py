@@ -94,7 +94,8 @@ def measure_fusion(engines: dict, target_dir: Path = DEMO / "target", heads_dir:
     the heads graph on the accepted position) vs fused (the heads inside the target graph, on every node)."""
     import torch
 
-    from ..engines.manifest import io_names, load_manifest
+    from ..contract import io_names
+    from ..engines.manifest import load_manifest
     from ..engines.ort import OrtEngine
     from ..export.medusa_heads import load_heads
     from ..export.onnx_export import load_hf, random_feeds

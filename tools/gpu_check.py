@@ -65,7 +65,7 @@ def pytest_configure(config):
 def install_device_runtime(device: str) -> None:
     """Route every `specrt.load` to the device-resident runtime, and export torch weights everywhere."""
     import specrt
-    from specrt.engines.torch_backend import load_device_runtime
+    from specrt.runtime.device import load_device_runtime
     from specrt.export import onnx_export
 
     original = onnx_export.export_engine
@@ -217,7 +217,7 @@ def first_diff(a, b) -> int | None:
 def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
     import specrt
     from specrt.engines.cuda_graphs import greedy_plain_device, greedy_speculative_device
-    from specrt.engines.torch_backend import load_device_runtime
+    from specrt.runtime.device import load_device_runtime
     from specrt.export.onnx_export import ExportConfig, export_engine
     from specrt.tools.prompts import CODE
 
@@ -250,7 +250,7 @@ def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
                "runtime_graphs_plain": (gpu.generate(p, max_new_tokens=new, method="none").token_ids, want_p),
                "torch_eager_draft": (eager.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids, want_d)}
         ids = gpu.encode(p)
-        loop, _ = greedy_speculative_device(gpu.target.engine.dm, gpu.draft.engine.dm, ids, gamma, new, chunk=64)
+        loop, _ = greedy_speculative_device(gpu.target.engine, gpu.draft.engine, ids, gamma, new, chunk=64)
         got["device_loop"] = (loop[: len(want_p)], want_p)  # the runtime stops at EOS; the loop does not
         for k, (a, b) in got.items():
             eq[k].append({"equal": a == b, "first_diff": first_diff(a, b), "tokens": len(b)})
@@ -262,8 +262,8 @@ def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
         "plain_host": lambda p: len(gpu.generate(p, max_new_tokens=new, method="none").token_ids),
         "spec_host_gamma4": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids),
         "spec_host_adaptive": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft").token_ids),
-        "plain_device": lambda p: len(greedy_plain_device(gpu.target.engine.dm, gpu.encode(p), new, chunk=64)),
-        "spec_device_gamma4": lambda p: len(greedy_speculative_device(gpu.target.engine.dm, gpu.draft.engine.dm,
+        "plain_device": lambda p: len(greedy_plain_device(gpu.target.engine, gpu.encode(p), new, chunk=64)),
+        "spec_device_gamma4": lambda p: len(greedy_speculative_device(gpu.target.engine, gpu.draft.engine,
                                                                       gpu.encode(p), gamma, new, chunk=64)[0]),
     }
     for name, fn in runs.items():
@@ -278,7 +278,7 @@ def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
     stats = gpu.generate(prompts[0], max_new_tokens=new, method="draft", gamma=gamma).stats
     return {"engine": str(engine), "note": note, "new_tokens": new, "gamma": gamma, "prompts": len(prompts),
             "equality": equality, "tokens_per_s": rates, "acceptance_rate_gamma4": stats.get("acceptance_rate"),
-            "graph_replays_target": gpu.target.engine.dm.replays}
+            "graph_replays_target": gpu.target.engine.replays}
 
 
 # ---- 5: the GPU-marked tests, and the exactness test on the device runtime ------------------------------

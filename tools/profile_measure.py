@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..engines.manifest import io_names
-from ..runtime.model import MASK_MIN, NP_DTYPES
-from ..runtime.proposers import DraftModelProposer, NGramProposer
+from ..contract import MASK_MIN, NP_DTYPES, io_names
+from ..runtime.core import SequenceRequest
 from ..runtime.sampling import SamplingError, SamplingParams
 from .profile_advice import (CURVE_QS, GAMMAS, MIN_GAIN, Measurements, MethodMeasurement, fit_alpha, recommend,
                              ridge_q)
@@ -94,7 +93,7 @@ def time_calls(engine, feeds: dict, warmup: int, repeats: int) -> list[float]:
 
 
 def role_models(rt) -> dict:
-    """role -> CachedModel for every graph of the engine dir that follows the LM contract."""
+    """role -> Graph (engine + spec) for every graph of the engine dir that follows the LM contract."""
     models = {}
     for role, spec in rt.manifest.graphs.items():
         model = getattr(rt, role, None)
@@ -153,9 +152,9 @@ def verify_curve(rt, cfg: ProfileConfig, rng) -> list[dict]:
 
 def implemented_methods() -> tuple:
     """The runtime's METHODS, read now (methods may be added after this module was written)."""
-    from ..runtime import runtime as runtime_module
+    from ..runtime import core
 
-    return tuple(runtime_module.METHODS)
+    return tuple(core.METHODS)
 
 
 def method_availability(rt, methods) -> dict:
@@ -194,26 +193,26 @@ def step_seconds(rt, method: str, prompts: list, gamma: int, cfg: ProfileConfig)
     Both are timed the way decoding runs them (through the cached models, sampling included);
     None for a method whose proposer profile cannot build.
     """
-    params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p)
-    proposer = {"draft": lambda: DraftModelProposer(rt.draft), "ngram": NGramProposer}.get(method)
-    if proposer is None:
+    if method not in ("draft", "ngram"):
         return None
-    proposer, rng = proposer(), np.random.default_rng(cfg.seed)
+    params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
+                            seed=cfg.seed, max_new_tokens=rt.manifest.max_len)
+    core = rt.core(method)  # the batch-1 decode core: its proposer and target runner
     reps, warmup = max(1, -(-cfg.repeats // len(prompts))), max(1, cfg.warmup)  # call 1 feeds the whole prompt
     prop, target = [], []
     for ids in prompts:
-        proposer.reset(ids)
-        rt.target.reset()
-        rt.target.prefill(ids)
+        if core.add(SequenceRequest("profile", ids, params)).finish_reason:
+            continue  # the first token ended it (EOS): nothing to time on this prompt
+        row = core.rows[0]
         for rep in range(warmup + reps):
             t0 = time.perf_counter()
-            proposer.propose(ids, gamma, params, rng)  # after the first call: gamma single-token steps
+            core.proposer.propose([row], [gamma])  # after the first call: gamma single-token steps
             t1 = time.perf_counter()
-            rt.target.forward(ids[-1:])
-            rt.target.rollback(len(ids))
+            core.target.forward([row.slot], [row.seq[-1:]])  # one decode step (nothing committed)
             if rep >= warmup:
                 prop.append((t1 - t0) / gamma)
                 target.append(time.perf_counter() - t1)
+        core.remove("profile")
     return float(np.median(prop)), float(np.median(target))
 
 
