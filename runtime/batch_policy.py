@@ -20,6 +20,7 @@ speculation is off above that batch size whatever the prediction says.
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class LatencyCurve:
         self.decay = decay  # weight kept by the old estimate on each new measurement
         self.spike = spike  # a sample above spike * estimate is clipped to it
         self.points: dict[int, float] = {}  # n -> EWMA seconds
+        self._curve = None  # (sizes, monotone seconds) of the current points; None after a record
 
     def __bool__(self) -> bool:
         return bool(self.points)
@@ -52,16 +54,24 @@ class LatencyCurve:
             self.points[n] = seconds
         else:
             self.points[n] = self.decay * old + (1 - self.decay) * min(seconds, self.spike * old)
+        self._curve = None
 
     def seconds(self, n: int) -> float:
-        points = sorted(self.points.items())  # a snapshot: another thread may be recording
-        if not points:
-            raise ValueError("no measurements yet")
-        ns = [k for k, _ in points]
-        ts = monotone([t for _, t in points])
-        if n <= ns[-1] or len(ns) == 1:
-            return float(np.interp(n, ns, ts))
-        slope = max(0.0, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))
+        curve = self._curve
+        if curve is None:  # rebuilt once per change, not per lookup (the policy reads it ~10 times a step)
+            points = sorted(self.points.items())  # a snapshot: another thread may be recording
+            if not points:
+                raise ValueError("no measurements yet")
+            curve = self._curve = ([k for k, _ in points], monotone([t for _, t in points]))
+        ns, ts = curve
+        i = bisect.bisect_left(ns, n)
+        if i < len(ns) and ns[i] == n:
+            return ts[i]
+        if i == 0 or len(ns) == 1:
+            return ts[0]  # flat below the smallest measured size
+        if i < len(ns):  # between two measured sizes: linear
+            return ts[i - 1] + (ts[i] - ts[i - 1]) * (n - ns[i - 1]) / (ns[i] - ns[i - 1])
+        slope = max(0.0, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))  # beyond the largest: the last segment's slope
         return ts[-1] + slope * (n - ns[-1])
 
 
@@ -153,7 +163,8 @@ class SpeculationPolicy:
     def decide(self, alphas: Sequence[float]) -> PolicyDecision:
         cfg = self.config
         if cfg.fixed_gamma is not None:
-            self.last = PolicyDecision(cfg.fixed_gamma, 1.0, "fixed")
+            if self.last.reason != "fixed" or self.last.gamma != cfg.fixed_gamma:
+                self.last = PolicyDecision(cfg.fixed_gamma, 1.0, "fixed")
             return self.last
         if not self.target_curve:  # nothing measured yet: plain decoding measures T(B)
             self.last = PolicyDecision(0, 1.0, "policy")

@@ -191,15 +191,21 @@ class DecodeCore:
         keeps, news = [], []
         for b, (row, p) in enumerate(zip(rows, proposals)):
             path, nxt = verify(p, out.logits[b, : p.positions], row.params, row.rng, self.config.acceptance)
-            keeps.append(np.concatenate([[0], path]))  # the last token and the accepted path
-            news.append([*p.tokens[path - 1].tolist(), nxt])
-            self._record(row, decision.gamma, p, len(path))
+            n = len(path)
+            if p.tree is None:  # a chain keeps its first n + 1 positions: the last token and n accepted
+                keeps.append(np.arange(n + 1))
+                news.append([*p.tokens[:n].tolist(), nxt])
+            else:  # a tree keeps the root and the accepted path
+                keeps.append(np.concatenate([[0], path]))
+                news.append([*p.tokens[path - 1].tolist(), nxt])
+            self._record(row, decision.gamma, p, n)
         self.target.commit(out, keeps)
         updates = [self._emit(row, new) for row, new in zip(rows, news)]
-        hidden = out.outputs.get("hidden")  # [B, Q, H] where the target exports it
-        for b, (row, update) in enumerate(zip(rows, updates)):
-            if not update.finish_reason:
-                self._timed(self.proposer.observe, [row], row, news[b], None if hidden is None else hidden[b, keeps[b]])
+        if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
+            hidden = out.outputs["hidden"]  # [B, Q, H]
+            for b, (row, update) in enumerate(zip(rows, updates)):
+                if not update.finish_reason:
+                    self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)
@@ -235,6 +241,8 @@ class DecodeCore:
 
     def _timed(self, fn, rows, *args):
         """Run a proposer call; its wall time and graph calls count for each of ``rows``."""
+        if not rows:
+            return fn(*args)
         t0, passes = time.perf_counter(), self.proposer.passes
         result = fn(*args)
         dt, dp = time.perf_counter() - t0, self.proposer.passes - passes
@@ -319,6 +327,8 @@ def time_pass(runner, batch: int, q: int, past: int, reps: int) -> float:
 
 def pack(rows: list[Row], proposals: list[Proposal]):
     """The target pass's inputs: (slots [B], ids [B, Q], blocks, depths) for ``HostRunner.forward``."""
+    if len(rows) == 1 and proposals[0].tree is None:  # one chain: no padding
+        return [rows[0].slot], [[rows[0].seq[-1], *proposals[0].tokens.tolist()]]
     q = max(p.positions for p in proposals)
     ids = np.zeros((len(rows), q), dtype=np.int64)  # [B, Q]: last token, proposal, padding (id 0)
     for b, (row, p) in enumerate(zip(rows, proposals)):

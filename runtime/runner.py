@@ -106,9 +106,11 @@ class HostRunner(Runner):
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
         lengths = self.lengths[slots]  # [R]
-        past = int(lengths.max())
-        if r == 1 and blocks is None and past_visible is None:
-            mask = chain_mask(past, q, self.dtype)  # the batch-1 fast path
+        past = int(lengths[0]) if r == 1 else int(lengths.max())
+        if r == 1 and blocks is None and past_visible is None:  # the batch-1 chain: the fast path
+            mask = chain_mask(past, q, self.dtype)
+            if positions is None:
+                positions = np.arange(past, past + q, dtype=np.int64)[None]
         else:
             mask = batch_mask(lengths, q, blocks, past_visible, self.dtype)  # [R, 1, Q, P+Q]
         if positions is None:
@@ -132,31 +134,35 @@ class HostRunner(Runner):
     def _past(self, slots: np.ndarray, past: int) -> dict[str, np.ndarray]:
         """The first ``past`` entries of the selected slots: name -> [past, R, Hkv, D] (a view if consecutive)."""
         s0, s1 = int(slots[0]), int(slots[-1]) + 1
-        if s1 - s0 == len(slots) and np.array_equal(slots, np.arange(s0, s1)):
+        if s1 - s0 == len(slots) and (len(slots) == 1 or np.array_equal(slots, np.arange(s0, s1))):
             return {name: self.data[j, :past, s0:s1] for j, name in enumerate(self.past_names)}
         return {name: self.data[j, :past][:, slots] for j, name in enumerate(self.past_names)}
 
     def commit(self, p: Pass, keep=None) -> None:
         """Append row r's new positions ``keep[r]`` (int indices into Q, ascending; None: all Q) to its slot."""
-        q = p.logits.shape[1]
+        q, out = p.logits.shape[1], p.outputs  # new K/V: out[name] [Q, R, Hkv, D]
+        if len(p.slots) == 1:  # one row: slices where the kept positions are a prefix
+            s = int(p.slots[0])
+            k = np.arange(q) if keep is None else np.asarray(keep[0], dtype=np.int64)
+            n, start = len(k), int(self.lengths[s])
+            if start + n > self.max_len:
+                raise CacheFullError(f"KV cache full: {start} + {n} tokens > max_len {self.max_len}")
+            k = slice(0, n) if n == 0 or k[-1] == n - 1 else k
+            for j, name in enumerate(self.new_names):
+                self.data[j, start : start + n, s] = out[name][k, 0]
+            self.lengths[s] = start + n
+            return
         keeps = [np.arange(q)] * len(p.slots) if keep is None else [np.asarray(k, dtype=np.int64) for k in keep]
         start = self.lengths[p.slots]  # [R]
         counts = np.array([len(k) for k in keeps], dtype=np.int64)
         if np.any(start + counts > self.max_len):
             raise CacheFullError(f"KV cache full: lengths {start.tolist()} + {counts.tolist()} > max_len {self.max_len}")
-        new = [p.outputs[name] for name in self.new_names]  # each [Q, R, Hkv, D]
-        if len(p.slots) == 1:
-            s, n, k = int(p.slots[0]), int(counts[0]), keeps[0]
-            k = slice(0, n) if n == 0 or (k[0] == 0 and k[-1] == n - 1) else k
-            for j, arr in enumerate(new):
-                self.data[j, start[0] : start[0] + n, s] = arr[k, 0]
-        else:
-            r_idx = np.repeat(np.arange(len(keeps)), counts)  # [K] which row each kept entry is from
-            q_idx = np.concatenate(keeps)  # [K] its index among the row's new positions
-            t_idx = start[r_idx] + np.concatenate([np.arange(n) for n in counts])  # [K] destination time
-            s_idx = p.slots[r_idx]  # [K] destination slot
-            for j, arr in enumerate(new):
-                self.data[j, t_idx, s_idx] = arr[q_idx, r_idx]
+        r_idx = np.repeat(np.arange(len(keeps)), counts)  # [K] which row each kept entry is from
+        q_idx = np.concatenate(keeps)  # [K] its index among the row's new positions
+        t_idx = start[r_idx] + np.concatenate([np.arange(n) for n in counts])  # [K] destination time
+        s_idx = p.slots[r_idx]  # [K] destination slot
+        for j, name in enumerate(self.new_names):
+            self.data[j, t_idx, s_idx] = out[name][q_idx, r_idx]
         self.lengths[p.slots] = start + counts
 
     # ---- slots --------------------------------------------------------------------------------

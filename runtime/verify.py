@@ -50,10 +50,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import SamplingParams, probs, sample
+from .sampling import SamplingParams, next_token, probs, sample
 from .tree import Tree
 
 ACCEPTANCE = ("exact", "typical")  # "typical" (Medusa-2) is lossy: opt-in only
+NO_PATH = np.zeros(0, dtype=np.int64)  # no proposal accepted
 
 
 def verify_greedy(draft_tokens: np.ndarray, target_logits: np.ndarray) -> tuple[int, int]:
@@ -171,6 +172,8 @@ def verify(proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.
     ``[0, *path]`` are what the cache keeps. A chain's path is 1..n.
     """
     tree = proposal.tree
+    if not len(proposal.tokens):  # nothing proposed: a plain decode step
+        return NO_PATH, next_token(logits[0], params, rng)
     if tree is None:
         if params.greedy:
             n, nxt = verify_greedy(proposal.tokens, logits)

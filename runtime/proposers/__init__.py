@@ -8,9 +8,10 @@ calls in this order for a sequence in cache slot ``row.slot``:
                               target's features of the prompt positions (None unless needs_hidden)
     propose(rows, ks)         -> one ``Proposal`` per row, at most ks[b] tokens (chains) or a tree
                               (tree proposers: ks[b] > 0 means "a tree fits"); ks[b] == 0: empty
-    observe(row, new, hidden) after the target pass: ``new`` = the tokens the round emitted,
-                              hidden [n + 1, H] = the target's features at the root and the
-                              accepted nodes (what the next round starts from), or None
+    observe(row, new, hidden) proposers with ``needs_hidden`` only, after the target pass:
+                              ``new`` = the tokens the round emitted, hidden [n + 1, H] = the
+                              target's features at the root and the accepted nodes (what the
+                              next round starts from)
     move(src, dst) / release(slot)    a sequence changed slot / left
 
 Rows carry ``slot``, ``seq`` (prompt + emitted tokens), ``params`` (``SamplingParams``) and
