@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import MASK_MIN
+from ..contract import MASK_MIN, io_names
 from .base import EngineError
 
 

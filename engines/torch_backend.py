@@ -26,7 +26,6 @@ import numpy as np
 
 from .base import EngineError
 from ..contract import io_names
-from .manifest import load_manifest
 
 TORCH_WEIGHTS_DIR = "torch"  # ENGINE_DIR/torch/<role>/: config.json + model.safetensors (HF layout)
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # compute dtype names -> torch

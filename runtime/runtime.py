@@ -18,7 +18,6 @@ from .batch_policy import LatencyCurve
 from .core import METHODS, CoreConfig, DecodeCore, SequenceRequest
 from .runner import HostRunner
 from .sampling import SamplingError, SamplingParams
-from .text import StreamEvent  # noqa: F401  (re-exported: the events ``stream`` yields)
 from .tree import compile_tree, load_tree
 
 

@@ -1,4 +1,4 @@
-"""Tiny models and engine dirs, built once per test session (random weights, no hub)."""
+"""Tiny models and engine dirs, built once per test session (random weights, no hub; heads trained here)."""
 from __future__ import annotations
 
 import sys
@@ -43,3 +43,78 @@ def llama_engine(build_engine):
     """Llama target (vocab 32) with a differently-seeded draft; gamma 4, max_len 64."""
     return build_engine("llama", dict(arch="llama", seed=0, scale=30.0), dict(arch="llama", seed=1, hidden=16,
                                                                                layers=1, scale=30.0))
+
+
+# ---- a tiny target with Medusa heads and with an EAGLE head, trained on text it wrote ----------------
+HEADS_V = 16  # vocabulary of the heads' target
+HEADS_TARGET = dict(arch="llama", vocab_size=HEADS_V, seed=0, scale=10.0, eos_token_id=None)
+MEDUSA_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0]]  # 12 nodes
+EAGLE_TREE = {"nodes": 12, "depth": 4, "topk": 3}
+
+
+def sample_corpus(target_dir, out, n=64, length=60, seed=0, V=HEADS_V):
+    """Text sampled from the target itself (the tiny tokenizer is character-level)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from specrt.export.onnx_export import load_hf
+
+    model = load_hf(target_dir)
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        ids = torch.randint(1, V, (n, 4))
+        for _ in range(length):
+            nxt = torch.multinomial(torch.softmax(model(ids).logits[:, -1], -1), 1)
+            ids = torch.cat([ids, nxt], 1)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, row in enumerate(ids.tolist()):
+        (out / f"s{i}.txt").write_text(tok.decode([x for x in row if x > 0]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def medusa_trained(tmp_path_factory):
+    """A tiny target, a corpus it wrote, and 3 Medusa heads trained on it (test_medusa checks the training)."""
+    from specrt.tools.train_medusa import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("medusa")
+    target = make_model(root / "target", **HEADS_TARGET)
+    data = sample_corpus(target, root / "data")
+    cfg = TrainConfig(heads=3, steps=60, batch=8, seq=32, lr=3e-3, eval_every=20, save_every=30, eval_windows=8)
+    result = train(target, [str(data)], root / "heads", cfg, progress=False, log=lambda *_: None)
+    return {"root": root, "target": target, "data": data, "heads": root / "heads", "result": result}
+
+
+@pytest.fixture(scope="session")
+def medusa_engine(medusa_trained):
+    from specrt.export.onnx_export import ExportConfig, export_engine
+    from specrt.runtime.tree import compile_tree
+
+    t = medusa_trained
+    return export_engine(t["target"], t["root"] / "engine", log=lambda *_: None,
+                         cfg=ExportConfig(gamma=3, max_len=32, prefill_chunk=16),
+                         medusa_dir=t["heads"], tree=compile_tree(MEDUSA_TREE, "test-12"))
+
+
+@pytest.fixture(scope="session")
+def eagle_trained(tmp_path_factory):
+    """The same kind of target with an EAGLE head trained on its text (test_eagle checks the training)."""
+    from specrt.tools.train_eagle import EagleTrainConfig, train
+
+    root = tmp_path_factory.mktemp("eagle")
+    target = make_model(root / "target", **HEADS_TARGET)
+    data = sample_corpus(target, root / "data")
+    cfg = EagleTrainConfig(steps=60, batch=8, seq=32, lr=3e-3, eval_every=20, save_every=30, eval_windows=8)
+    result = train(target, [str(data)], root / "head", cfg, progress=False, log=lambda *_: None)
+    return {"root": root, "target": target, "data": data, "head": root / "head", "result": result}
+
+
+@pytest.fixture(scope="session")
+def eagle_engine(eagle_trained):
+    from specrt.export.onnx_export import ExportConfig, export_engine
+
+    t = eagle_trained
+    return export_engine(t["target"], t["root"] / "engine", log=lambda *_: None,
+                         cfg=ExportConfig(gamma=3, max_len=48, prefill_chunk=16), eagle_dir=t["head"],
+                         eagle_tree=EAGLE_TREE)

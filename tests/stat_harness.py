@@ -15,6 +15,9 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
+from reference import run_all
+from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
+from specrt.runtime.sampling import SamplingParams
 from test_sampling import reference_probs
 
 P_MIN = 1e-4
@@ -71,6 +74,29 @@ def run_trials(rt, prompt, trials: int, vocab: int, **gen) -> tuple[np.ndarray, 
         counts[t[0], t[1], t[2]] += 1
         for k in totals:
             totals[k] += out.stats.get(k, 0)
+    return counts, totals
+
+
+def run_trials_batched(rt, prompt, trials: int, vocab: int, method: str, max_batch: int = 4, gamma=None,
+                       **sampling) -> tuple[np.ndarray, dict]:
+    """``run_trials`` through ONE batched decode core: the trial rows share target passes with filler rows
+    of a longer prompt (other lengths, other proposals, padding), every row with its own seed."""
+    core = DecodeCore(rt, CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
+    requests = []
+    for seed in range(trials):
+        requests.append(SequenceRequest(f"t{seed}", prompt, SamplingParams(max_new_tokens=3, seed=seed, **sampling)))
+        if seed % 3 == 0:
+            requests.append(SequenceRequest(f"f{seed}", prompt + prompt[:5],
+                                            SamplingParams(max_new_tokens=5, seed=10 ** 6 + seed, **sampling)))
+    done = run_all(core, requests)
+    counts = np.zeros((vocab, vocab, vocab))
+    totals = {"proposed": 0, "accepted": 0}
+    for seed in range(trials):
+        t, _, _, stats = done[f"t{seed}"]
+        assert len(t) == 3, t
+        counts[t[0], t[1], t[2]] += 1
+        for k in totals:
+            totals[k] += stats.get(k, 0)
     return counts, totals
 
 

@@ -7,7 +7,7 @@ from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.batch_policy import (LatencyCurve, PolicyConfig, SpeculationPolicy, choose_gamma, monotone,
                                          speculation_max_batch)
 from specrt.runtime.sampling import SamplingError, SamplingParams
-from fresh import fresh_logits
+from reference import fresh_logits, requests_for, run_all
 
 # mixed lengths: 1 token, shorter and longer than the prefill chunk (16), one that hits the cache cap
 PROMPTS = [[5], [3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], list(range(1, 21)),
@@ -18,31 +18,6 @@ MAX_NEW = [12, 30, 7, 25, 40, 1, 18]
 @pytest.fixture(scope="module")
 def rt(llama_engine):
     return specrt.load(llama_engine)
-
-
-def run_all(gen: DecodeCore, requests: list[SequenceRequest]) -> dict:
-    """Admit in order whenever a slot is free, step until all finish; request_id -> (ids, text, finish, stats)."""
-    pending, done, streamed = list(requests), {}, {r.request_id: [] for r in requests}
-
-    def take(update):
-        streamed[update.request_id] += [e.token_id for e in update.events if e.token_id is not None]
-        if update.finish_reason:
-            assert update.token_ids == streamed[update.request_id]  # the events carried every token
-            done[update.request_id] = (update.token_ids, update.text, update.finish_reason, update.stats)
-
-    while pending or gen.rows:
-        while pending and gen.free_slots:
-            take(gen.add(pending.pop(0)))
-        updates, report = gen.step()
-        if report is not None:
-            assert report.batch_size == len(updates) and report.positions % report.batch_size == 0
-        for u in updates:
-            take(u)
-    return done
-
-
-def requests_for(params_list):
-    return [SequenceRequest(f"r{i}", p, params) for i, (p, params) in enumerate(params_list)]
 
 
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 4), ("draft", None), ("ngram", 3),

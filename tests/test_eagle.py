@@ -19,35 +19,26 @@ from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import compile_tree
 from specrt.tools.cli import cli
 from specrt.tools.train_eagle import EagleTrainConfig, train
-from stat_harness import P_MIN, exact_joint, p_values, run_trials
-from test_medusa import sample_corpus
+from stat_harness import P_MIN, exact_joint, p_values, run_trials, run_trials_batched
+from conftest import EAGLE_TREE as TREE
 from tiny import make_model
-from fresh import fresh_runner
+from reference import assert_batched_rows_equal_batch1, fresh_runner
 
 V = 16
 TRIALS = 2500
-TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 PROMPTS = [[5], PROMPT, [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8]]
 LONG = [(3 * i) % (V - 1) + 1 for i in range(21)]  # 21 tokens: two prefill chunks of 16
-CFG = EagleTrainConfig(steps=60, batch=8, seq=32, lr=3e-3, eval_every=20, save_every=30, eval_windows=8)
-TREE = {"nodes": 12, "depth": 4, "topk": 3}
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eagle")
-    target = make_model(root / "target", **TARGET)
-    data = sample_corpus(target, root / "data")
-    result = train(target, [str(data)], root / "head", CFG, progress=False, log=lambda *_: None)
-    return {"root": root, "target": target, "data": data, "head": root / "head", "result": result}
+def trained(eagle_trained):
+    return eagle_trained
 
 
 @pytest.fixture(scope="module")
-def engine(trained):
-    return export_engine(trained["target"], trained["root"] / "engine", log=lambda *_: None,
-                         cfg=ExportConfig(gamma=3, max_len=48, prefill_chunk=16),
-                         eagle_dir=trained["head"], eagle_tree=TREE)
+def engine(eagle_engine):
+    return eagle_engine
 
 
 @pytest.fixture(scope="module")
@@ -344,3 +335,19 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
             f = fresh.root_feat[0]
         assert np.abs(f - node.feat).max() < 1e-4
         assert np.abs(log_softmax(fresh.root_logits[0]) - logp).max() < 1e-4
+
+
+# ---- batched through the decode core ---------------------------------------------------------------
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_batched_rows_equal_batch1(rt, sampled):
+    """Rows of different prompt lengths (different tree positions, padding), finishing at different steps."""
+    done = assert_batched_rows_equal_batch1(rt, "eagle", PROMPTS + [LONG], [12, 9, 16, 5], sampled=sampled)
+    assert sum(d[3]["accepted"] for d in done.values()) > 0  # the trees really accepted candidates
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
+def test_batched_tree_path_is_exact(rt, target_model, sampling):
+    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "eagle", **sampling)
+    pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["accepted"] > TRIALS / 5

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import ARCHS
-from fresh import fresh_runner
+from reference import fresh_runner
 from specrt.engines import OrtEngine
 from specrt.export.onnx_export import example_tree_mask, load_hf, random_feeds
 from specrt.export.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry

@@ -16,55 +16,27 @@ from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers import NoProposer, Proposal
 from specrt.runtime.proposers.medusa import MedusaProposer
 from specrt.runtime.sampling import SamplingError, SamplingParams, probs, sample
-from specrt.runtime.tree import TreeError, compile_tree, load_tree
+from specrt.runtime.tree import TreeError, compile_tree
 from specrt.tools.cli import cli
 from specrt.tools.train_medusa import TrainConfig, TrainError, train
-from stat_harness import P_MIN, exact_joint, p_values, run_trials
-from tiny import make_model
-from fresh import fresh_logits, fresh_runner
+from stat_harness import P_MIN, exact_joint, p_values, run_trials, run_trials_batched
+from conftest import MEDUSA_TREE as TREE
+from reference import assert_batched_rows_equal_batch1, fresh_logits, fresh_runner
 
 V = 16
 TRIALS = 2500
-TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
-TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0]]  # 12 nodes, depth 3
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 PROMPTS = [[5], PROMPT, [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8]]
-HEADS_CFG = TrainConfig(heads=3, steps=60, batch=8, seq=32, lr=3e-3, eval_every=20, save_every=30, eval_windows=8)
-
-
-def sample_corpus(target_dir, out, n=64, length=60, seed=0):
-    """Text sampled from the target itself (the tiny tokenizer is character-level)."""
-    from tokenizers import Tokenizer
-
-    model = load_hf(target_dir)
-    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        ids = torch.randint(1, V, (n, 4))
-        for _ in range(length):
-            nxt = torch.multinomial(torch.softmax(model(ids).logits[:, -1], -1), 1)
-            ids = torch.cat([ids, nxt], 1)
-    out.mkdir(parents=True, exist_ok=True)
-    for i, row in enumerate(ids.tolist()):
-        (out / f"s{i}.txt").write_text(tok.decode([x for x in row if x > 0]))
-    return out
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny target, a corpus it wrote, and 3 heads trained on it (the training test checks them)."""
-    root = tmp_path_factory.mktemp("medusa")
-    target = make_model(root / "target", **TARGET)
-    data = sample_corpus(target, root / "data")
-    result = train(target, [str(data)], root / "heads", HEADS_CFG, progress=False, log=lambda *_: None)
-    return {"root": root, "target": target, "data": data, "heads": root / "heads", "result": result}
+def trained(medusa_trained):
+    return medusa_trained
 
 
 @pytest.fixture(scope="module")
-def engine(trained):
-    return export_engine(trained["target"], trained["root"] / "engine", log=lambda *_: None,
-                         cfg=ExportConfig(gamma=3, max_len=32, prefill_chunk=16),
-                         medusa_dir=trained["heads"], tree=compile_tree(TREE, "test-12"))
+def engine(medusa_engine):
+    return medusa_engine
 
 
 @pytest.fixture(scope="module")
@@ -326,3 +298,19 @@ def test_cli_train_export_generate(trained, tmp_path):
     res = runner.invoke(cli, ["export", "--target", str(trained["target"]), "--medusa", str(tmp_path / "heads"),
                               "--tree", "[[0]]", "--out", str(tmp_path / "e2")])
     assert res.exit_code != 0 and "neither a default tree" in res.output
+
+
+# ---- batched through the decode core ---------------------------------------------------------------
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+def test_batched_rows_equal_batch1(rt, sampled):
+    """Rows of different prompt lengths (different tree positions, padding), finishing at different steps."""
+    done = assert_batched_rows_equal_batch1(rt, "medusa", PROMPTS + [[2, 4, 6, 8, 10, 12, 14, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5]], [12, 9, 16, 5], sampled=sampled)
+    assert sum(d[3]["accepted"] for d in done.values()) > 0  # the trees really accepted candidates
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
+def test_batched_tree_path_is_exact(rt, target_model, sampling):
+    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "medusa", **sampling)
+    pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["accepted"] > TRIALS / 5

@@ -8,7 +8,7 @@ from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.gamma import AlphaEstimate, expected_tokens, predicted_speedup
 from specrt.runtime.proposers import NoProposer, Proposal
 from specrt.runtime.sampling import SamplingError, SamplingParams
-from fresh import fresh_logits
+from reference import fresh_logits
 
 PROMPTS = [[5], [3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], list(range(1, 30))]
 

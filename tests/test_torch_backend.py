@@ -140,6 +140,35 @@ def test_device_runtime_matches_ort(engines, layout):
         assert any(q == CHUNK for q, _ in shapes)  # prompt tails were padded up to the prefill shape
 
 
+@pytest.fixture(scope="module")
+def head_engines(tmp_path_factory, medusa_trained, eagle_trained):
+    """The heads' tiny target exported with torch weights, once with Medusa heads and once with an EAGLE head."""
+    from conftest import EAGLE_TREE, MEDUSA_TREE
+    from specrt.runtime.tree import compile_tree
+
+    root = tmp_path_factory.mktemp("heads-torch")
+    cfg = ExportConfig(gamma=GAMMA, max_len=MAX_LEN, prefill_chunk=16, torch_weights=True)
+    return {"medusa": export_engine(medusa_trained["target"], root / "medusa", cfg=cfg, log=lambda *_: None,
+                                    medusa_dir=medusa_trained["heads"], tree=compile_tree(MEDUSA_TREE)),
+            "eagle": export_engine(eagle_trained["target"], root / "eagle", cfg=cfg, log=lambda *_: None,
+                                   eagle_dir=eagle_trained["head"], eagle_tree=EAGLE_TREE)}
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_tree_methods_identical_across_backends(head_engines, method):
+    """The same decode core over ort, the torch backend and the device runner (eager on CPU): same greedy tokens."""
+    engine = head_engines[method]
+    ort_rt = specrt.load(engine)
+    others = {"torch": specrt.load(engine, backend="torch", device="cpu"),
+              "device": load_device_runtime(engine, device="cpu", cuda_graphs=False, buckets=[16, 32], pad=True)}
+    for prompt in ([3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], [5]):
+        want = _greedy(ort_rt, prompt, "none")
+        got = ort_rt.generate(prompt, max_new_tokens=20, method=method)
+        assert got.token_ids == want and got.stats["accepted"] > 0, prompt
+        for name, rt in others.items():
+            assert _greedy(rt, prompt, method) == want, (name, method, prompt)
+
+
 def _device_model(engines, role="target", **kw):
     m = load_manifest(engines["llama"])
     spec = m.graphs[role]

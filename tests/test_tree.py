@@ -8,7 +8,7 @@ from specrt.runtime.sampling import SamplingParams
 from specrt.runtime.tree import (DEFAULT_SIZES, TreeError, compile_tree, default_tree, greedy_tree, load_tree,
                                  unpack_mask)
 from specrt.runtime.verify import verify_tree_greedy, verify_tree_sampled, verify_tree_typical
-from fresh import fresh_logits, fresh_runner, tree_logits
+from reference import fresh_logits, fresh_runner, tree_logits
 
 CHAIN = [[0] * d for d in range(1, 8)]  # deep, chain only: 8 nodes, depth 7
 WIDE = [[r] for r in range(15)]  # wide: 16 nodes, depth 1

@@ -1,0 +1,70 @@
+"""For the tests: a target's logits recomputed from scratch on a new cache, and a driver of the decode core."""
+from __future__ import annotations
+
+import numpy as np
+
+from specrt.runtime.core import DecodeCore, SequenceRequest
+from specrt.runtime.runner import HostRunner
+
+
+def fresh_runner(graph, max_len: int = 64, max_batch: int = 1) -> HostRunner:
+    """A new batch-1 runner (empty cache) over a ``Runtime`` graph (``rt.target`` / ``rt.draft``)."""
+    return HostRunner.for_graph(graph.engine, graph.spec, max_len, max_batch)
+
+
+def fresh_logits(graph, seq, max_len: int = 64) -> np.ndarray:
+    """The graph's next-token logits [V] after ``seq``, from scratch."""
+    return fresh_runner(graph, max_len).prefill(0, seq)[0]
+
+
+def tree_logits(runner: HostRunner, prefix, tokens, tree) -> np.ndarray:
+    """Prefill ``prefix`` into slot 0 of an empty ``runner``, then ONE pass over ``tokens`` [N] laid on
+    ``tree`` (node 0 = root); returns logits [N, V] (nothing of the tree is committed)."""
+    runner.release(0)
+    runner.prefill(0, prefix)
+    return runner.forward([0], [tokens], blocks=[tree.mask], depths=[tree.depths]).logits[0]
+
+
+def run_all(gen: DecodeCore, requests: list[SequenceRequest]) -> dict:
+    """Admit in order whenever a slot is free, step until all finish; request_id -> (ids, text, finish, stats)."""
+    pending, done, streamed = list(requests), {}, {r.request_id: [] for r in requests}
+
+    def take(update):
+        streamed[update.request_id] += [e.token_id for e in update.events if e.token_id is not None]
+        if update.finish_reason:
+            assert update.token_ids == streamed[update.request_id]  # the events carried every token
+            done[update.request_id] = (update.token_ids, update.text, update.finish_reason, update.stats)
+
+    while pending or gen.rows:
+        while pending and gen.free_slots:
+            take(gen.add(pending.pop(0)))
+        updates, report = gen.step()
+        if report is not None:
+            assert report.batch_size == len(updates) and report.positions % report.batch_size == 0
+        for u in updates:
+            take(u)
+    return done
+
+
+def requests_for(params_list):
+    return [SequenceRequest(f"r{i}", p, params) for i, (p, params) in enumerate(params_list)]
+
+
+def assert_batched_rows_equal_batch1(rt, method: str, prompts, max_new, sampled: bool = False, max_batch: int = 3,
+                                     gamma=None) -> dict:
+    """Rows of different prompt lengths, finishing at different steps, decoded together in one core:
+    each row's tokens equal its own batch-1 ``rt.generate`` (greedy; or seeded sampled at a fixed γ)."""
+    from specrt.runtime.core import CoreConfig
+    from specrt.runtime.sampling import SamplingParams
+
+    params = [SamplingParams(max_new_tokens=m, **({"temperature": 1.0, "top_k": 8 if i % 2 else 0, "seed": 100 + i}
+                                                  if sampled else {})) for i, m in enumerate(max_new)]
+    core = DecodeCore(rt, CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
+    done = run_all(core, requests_for(zip(prompts, params)))
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        ref = rt.generate(prompt, max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_k=p.top_k,
+                          seed=p.seed, method=method, gamma=gamma)
+        assert done[f"r{i}"][0] == ref.token_ids, (method, i, sampled)
+        assert done[f"r{i}"][3]["method"] == method
+    assert not core.rows and not core.target.lengths.any()
+    return done
