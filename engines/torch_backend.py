@@ -1,4 +1,4 @@
-"""`torch` backend: the export wrapper itself (``specrt.export.wrapper.DecoderWrapper``) over the
+"""`torch` backend: the export wrapper itself (``specrt.engines.wrapper.DecoderWrapper``) over the
 HF weights that `specrt export --torch-weights` copies into the engine dir, on CPU or CUDA.
 
 Two ways to use it:
@@ -112,7 +112,7 @@ class TorchCore:
     """``DecoderWrapper`` over loaded weights: the callable a ``DeviceModel`` runs (torch in, torch out)."""
 
     def __init__(self, weights_dir, device="cpu", dtype=None, with_hidden: bool | None = None, entry=None):
-        from ..export.wrapper import DecoderWrapper
+        from .wrapper import DecoderWrapper
 
         entry = entry or {}
         self.device = resolve_device(device)
@@ -126,7 +126,7 @@ class TorchCore:
     @classmethod
     def from_model(cls, model, with_hidden: bool = False) -> "TorchCore":
         """A core over an already loaded HF model (benchmarks of random-weight models)."""
-        from ..export.wrapper import DecoderWrapper
+        from .wrapper import DecoderWrapper
 
         core = cls.__new__(cls)
         p = next(model.parameters())

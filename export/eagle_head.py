@@ -205,7 +205,7 @@ class EagleHead(torch.nn.Module):
 
 
 def causal_mask(past_len: int, q: int, dtype=torch.float32) -> torch.Tensor:
-    from .wrapper import chain_mask
+    from ..engines.wrapper import chain_mask
 
     return chain_mask(past_len, q, dtype)
 
@@ -259,7 +259,7 @@ class _HeadGraph(torch.nn.Module):
 
 def parity_cases(cfg: EagleConfig, tdtype, seed: int = 0) -> list[dict]:
     """Feeds checked at export: a 7-token prefill on an empty past, a decode step, and a 6-node tree."""
-    from .wrapper import MASK_MIN
+    from ..engines.wrapper import MASK_MIN
 
     g = torch.Generator().manual_seed(seed)
     cases = []

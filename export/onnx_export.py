@@ -21,7 +21,7 @@ from ..contract import io_names
 from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, load_manifest, _graph
 from ..engines.ort import OrtEngine
 from .medusa_heads import export_heads_graph
-from .wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
+from ..engines.wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
 
 # Max |logits_ort - logits_torch| allowed at export, per dtype (logits of trained models are O(10)).
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
@@ -228,7 +228,7 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
                 raise ExportError(str(e)) from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         if role == "target" and eagle_dir:
-            from ..runtime.tree import compile_tree
+            from ..tree import compile_tree
             from .eagle_head import EagleError, check_head_match, read_head_config
 
             geo = geometry(model)

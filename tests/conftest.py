@@ -89,7 +89,7 @@ def medusa_trained(tmp_path_factory):
 @pytest.fixture(scope="session")
 def medusa_engine(medusa_trained):
     from specrt.export.onnx_export import ExportConfig, export_engine
-    from specrt.runtime.tree import compile_tree
+    from specrt.tree import compile_tree
 
     t = medusa_trained
     return export_engine(t["target"], t["root"] / "engine", log=lambda *_: None,

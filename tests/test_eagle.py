@@ -16,7 +16,7 @@ from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, 
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers.eagle import dynamic_tree, log_softmax
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.tree import compile_tree
+from specrt.tree import compile_tree
 from specrt.tools.cli import cli
 from specrt.tools.train_eagle import EagleTrainConfig, train
 from stat_harness import P_MIN, exact_joint, p_values, run_trials, run_trials_batched

@@ -9,7 +9,7 @@ from conftest import ARCHS
 from reference import fresh_runner
 from specrt.engines import OrtEngine
 from specrt.export.onnx_export import example_tree_mask, load_hf, random_feeds
-from specrt.export.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
+from specrt.engines.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
 
 TOL = 1e-4  # max |ORT - torch| on logits and K/V for these fp32 tiny models (logits scaled to O(10))
 

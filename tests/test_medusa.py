@@ -16,7 +16,7 @@ from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers import NoProposer, Proposal
 from specrt.runtime.proposers.medusa import MedusaProposer
 from specrt.runtime.sampling import SamplingError, SamplingParams, probs, sample
-from specrt.runtime.tree import TreeError, compile_tree
+from specrt.tree import TreeError, compile_tree
 from specrt.tools.cli import cli
 from specrt.tools.train_medusa import TrainConfig, TrainError, train
 from stat_harness import P_MIN, exact_joint, p_values, run_trials, run_trials_batched

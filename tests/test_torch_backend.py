@@ -144,7 +144,7 @@ def test_device_runtime_matches_ort(engines, layout):
 def head_engines(tmp_path_factory, medusa_trained, eagle_trained):
     """The heads' tiny target exported with torch weights, once with Medusa heads and once with an EAGLE head."""
     from conftest import EAGLE_TREE, MEDUSA_TREE
-    from specrt.runtime.tree import compile_tree
+    from specrt.tree import compile_tree
 
     root = tmp_path_factory.mktemp("heads-torch")
     cfg = ExportConfig(gamma=GAMMA, max_len=MAX_LEN, prefill_chunk=16, torch_weights=True)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specrt.runtime.sampling import SamplingParams
-from specrt.runtime.tree import (DEFAULT_SIZES, TreeError, compile_tree, default_tree, greedy_tree, load_tree,
+from specrt.tree import (DEFAULT_SIZES, TreeError, compile_tree, default_tree, greedy_tree, load_tree,
                                  unpack_mask)
 from specrt.runtime.verify import verify_tree_greedy, verify_tree_sampled, verify_tree_typical
 from reference import fresh_logits, fresh_runner, tree_logits

@@ -32,7 +32,7 @@ def engine_dir(cache: Path, tree: str) -> Path:
     """Export target + draft + demo heads with ``tree`` once into ``cache`` (the heads graph holds
     heads 1..depth only, so each tree size gets its own engine dir)."""
     from ..export.onnx_export import ExportConfig, export_engine
-    from ..runtime.tree import load_tree
+    from ..tree import load_tree
 
     out = cache / f"demo-{tree}"
     if not (out / "manifest.json").is_file():
@@ -99,7 +99,7 @@ def measure_fusion(engines: dict, target_dir: Path = DEMO / "target", heads_dir:
     from ..engines.ort import OrtEngine
     from ..export.medusa_heads import load_heads
     from ..export.onnx_export import load_hf, random_feeds
-    from ..export.wrapper import DecoderWrapper, geometry
+    from ..engines.wrapper import DecoderWrapper, geometry
 
     class Fused(torch.nn.Module):
         def __init__(self, wrapper, heads):
@@ -161,7 +161,7 @@ def measure_fusion(engines: dict, target_dir: Path = DEMO / "target", heads_dir:
 
 
 def compile_mask(choices):
-    from ..runtime.tree import compile_tree
+    from ..tree import compile_tree
 
     return compile_tree(choices).mask
 

@@ -21,7 +21,7 @@ from .prompts import CODE
 
 def tree_engine(kind: str) -> Path:
     from ..export.onnx_export import ExportConfig, export_engine
-    from ..runtime.tree import load_tree
+    from ..tree import load_tree
 
     cache = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt"))
     out = cache / f"bench-{kind}"

@@ -36,12 +36,12 @@ def export(target, draft, out, gamma, max_len, dtype, prefill_chunk, medusa_dir,
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json."""
     try:
         from ..export.onnx_export import ExportConfig, ExportError, export_engine
-        from ..export.wrapper import UnsupportedArchitecture
+        from ..engines.wrapper import UnsupportedArchitecture
     except ImportError as e:
         raise click.ClickException(f"exporting needs torch, transformers and onnx: pip install 'specrt[export]' ({e})")
     from ..engines import EngineError
 
-    from ..runtime.tree import TreeError, load_tree
+    from ..tree import TreeError, load_tree
 
     if trt:  # fail before a long export when TensorRT is missing
         from ..export.trt_build import TrtBuildError, import_tensorrt

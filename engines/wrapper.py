@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import MASK_MIN  # noqa: F401  (re-exported: the export side of the mask contract)
-from ..engines.manifest import ModelGeometry
+from ..contract import MASK_MIN
+from .manifest import ModelGeometry
 
 # HF architecture name -> family note. Every entry was checked by tests/test_export.py.
 SUPPORTED_ARCHITECTURES = {
