@@ -29,7 +29,7 @@ import torch
 from ..contract import MASK_MIN
 from .manifest import ModelGeometry
 
-# HF architecture name -> family note. Every entry was checked by tests/test_export.py.
+# HF architecture name -> family note. Every entry was checked by tests/export/test_export.py.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "Llama, and Llama-style checkpoints (Llama 2/3, TinyLlama, ...)",
     "MistralForCausalLM": "Mistral",

@@ -228,7 +228,7 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
                 raise ExportError(str(e)) from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         if role == "target" and eagle_dir:
-            from ..tree import compile_tree
+            from ..trees import compile_tree
             from .eagle_head import EagleError, check_head_match, read_head_config
 
             geo = geometry(model)

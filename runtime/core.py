@@ -281,9 +281,12 @@ class DecodeCore:
     def stats_for(self, row: Row) -> dict:
         acceptance = self.config.acceptance
         curve = self.policy.target_curve
-        return sequence_stats(row.counts, self.config.method, len(row.out), self.proposer,
-                              curve.seconds if curve else (lambda n: 0.0), self.runtime.gamma_max, acceptance,
-                              lossy=acceptance == "typical" and not row.params.greedy)
+        stats = sequence_stats(row.counts, self.config.method, len(row.out), self.proposer,
+                               curve.seconds if curve else (lambda n: 0.0), self.runtime.gamma_max, acceptance,
+                               lossy=acceptance == "typical" and not row.params.greedy)
+        if self.config.method != "none":
+            stats["alpha_estimate"] = row.alpha.alpha  # the decayed estimate the policy used last
+        return stats
 
     # ---- measurements --------------------------------------------------------------------------
     def calibrate(self, past: int | None = None, reps: int = 3) -> None:

@@ -18,7 +18,7 @@ from .batch_policy import LatencyCurve
 from .core import METHODS, CoreConfig, DecodeCore, SequenceRequest
 from .runner import HostRunner
 from .sampling import SamplingError, SamplingParams
-from ..tree import compile_tree, load_tree
+from ..trees import compile_tree, load_tree
 
 
 class PromptTooLongError(ValueError):

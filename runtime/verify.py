@@ -51,7 +51,7 @@ from __future__ import annotations
 import numpy as np
 
 from .sampling import SamplingParams, next_token, probs, sample
-from ..tree import Tree
+from ..trees import Tree
 
 ACCEPTANCE = ("exact", "typical")  # "typical" (Medusa-2) is lossy: opt-in only
 NO_PATH = np.zeros(0, dtype=np.int64)  # no proposal accepted

@@ -8,9 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import make_model  # noqa: E402
+from tiny import ARCHS, EAGLE_TREE, HEADS_TARGET, MEDUSA_TREE, make_model, sample_corpus  # noqa: E402
 
-ARCHS = ["llama", "qwen2", "mistral", "gpt2"]
 
 
 @pytest.fixture(scope="session")
@@ -46,37 +45,10 @@ def llama_engine(build_engine):
 
 
 # ---- a tiny target with Medusa heads and with an EAGLE head, trained on text it wrote ----------------
-HEADS_V = 16  # vocabulary of the heads' target
-HEADS_TARGET = dict(arch="llama", vocab_size=HEADS_V, seed=0, scale=10.0, eos_token_id=None)
-MEDUSA_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0]]  # 12 nodes
-EAGLE_TREE = {"nodes": 12, "depth": 4, "topk": 3}
-
-
-def sample_corpus(target_dir, out, n=64, length=60, seed=0, V=HEADS_V):
-    """Text sampled from the target itself (the tiny tokenizer is character-level)."""
-    import torch
-    from tokenizers import Tokenizer
-
-    from specrt.export.onnx_export import load_hf
-
-    model = load_hf(target_dir)
-    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        ids = torch.randint(1, V, (n, 4))
-        for _ in range(length):
-            nxt = torch.multinomial(torch.softmax(model(ids).logits[:, -1], -1), 1)
-            ids = torch.cat([ids, nxt], 1)
-    out.mkdir(parents=True, exist_ok=True)
-    for i, row in enumerate(ids.tolist()):
-        (out / f"s{i}.txt").write_text(tok.decode([x for x in row if x > 0]))
-    return out
-
-
 @pytest.fixture(scope="session")
 def medusa_trained(tmp_path_factory):
     """A tiny target, a corpus it wrote, and 3 Medusa heads trained on it (test_medusa checks the training)."""
-    from specrt.tools.train_medusa import TrainConfig, train
+    from specrt.tools.train.medusa import TrainConfig, train
 
     root = tmp_path_factory.mktemp("medusa")
     target = make_model(root / "target", **HEADS_TARGET)
@@ -89,7 +61,7 @@ def medusa_trained(tmp_path_factory):
 @pytest.fixture(scope="session")
 def medusa_engine(medusa_trained):
     from specrt.export.onnx_export import ExportConfig, export_engine
-    from specrt.tree import compile_tree
+    from specrt.trees import compile_tree
 
     t = medusa_trained
     return export_engine(t["target"], t["root"] / "engine", log=lambda *_: None,
@@ -100,7 +72,7 @@ def medusa_engine(medusa_trained):
 @pytest.fixture(scope="session")
 def eagle_trained(tmp_path_factory):
     """The same kind of target with an EAGLE head trained on its text (test_eagle checks the training)."""
-    from specrt.tools.train_eagle import EagleTrainConfig, train
+    from specrt.tools.train.eagle import EagleTrainConfig, train
 
     root = tmp_path_factory.mktemp("eagle")
     target = make_model(root / "target", **HEADS_TARGET)

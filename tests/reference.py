@@ -68,3 +68,31 @@ def assert_batched_rows_equal_batch1(rt, method: str, prompts, max_new, sampled:
         assert done[f"r{i}"][3]["method"] == method
     assert not core.rows and not core.target.lengths.any()
     return done
+
+
+def reference_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """Straightforward float64 reference of the documented semantics (full sorts, loops)."""
+    out = []
+    for row in np.asarray(logits, dtype=np.float64):
+        if temperature == 0:
+            p = np.zeros_like(row)
+            p[np.argmax(row)] = 1
+            out.append(p)
+            continue
+        p = np.exp((row - row.max()) / temperature)
+        p /= p.sum()
+        if top_k:
+            kth = np.sort(p)[::-1][min(top_k, len(p)) - 1]
+            p = np.where(p >= kth, p, 0)
+            p /= p.sum()
+        if top_p < 1:  # keep x if the mass of tokens strictly more probable than x is < top_p
+            _, group = np.unique(-p, return_inverse=True)  # tie groups, most probable first
+            group_mass = np.bincount(group, weights=p)
+            keep = (np.cumsum(group_mass) - group_mass)[group] < top_p
+            p = np.where(keep, p, 0)
+            p /= p.sum()
+        if min_p:
+            p = np.where(p >= min_p * p.max(), p, 0)
+            p /= p.sum()
+        out.append(p)
+    return np.array(out)

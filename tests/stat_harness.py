@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from reference import run_all
+from reference import reference_probs, run_all
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
-from test_sampling import reference_probs
 
 P_MIN = 1e-4
 

@@ -48,3 +48,33 @@ def make_model(out: Path, arch: str = "llama", vocab_size: int = 32, hidden: int
     if tokenizer:
         make_tokenizer(out, vocab_size)
     return out
+
+
+ARCHS = ["llama", "qwen2", "mistral", "gpt2"]  # the architectures every export test covers
+
+# ---- a tiny target with Medusa heads and with an EAGLE head, trained on text it wrote ----------------
+HEADS_V = 16  # vocabulary of the heads' target
+HEADS_TARGET = dict(arch="llama", vocab_size=HEADS_V, seed=0, scale=10.0, eos_token_id=None)
+MEDUSA_TREE = [[0], [1], [2], [3], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0]]  # 12 nodes
+EAGLE_TREE = {"nodes": 12, "depth": 4, "topk": 3}
+
+
+def sample_corpus(target_dir, out, n=64, length=60, seed=0, V=HEADS_V):
+    """Text sampled from the target itself (the tiny tokenizer is character-level)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from specrt.export.onnx_export import load_hf
+
+    model = load_hf(target_dir)
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        ids = torch.randint(1, V, (n, 4))
+        for _ in range(length):
+            nxt = torch.multinomial(torch.softmax(model(ids).logits[:, -1], -1), 1)
+            ids = torch.cat([ids, nxt], 1)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, row in enumerate(ids.tolist()):
+        (out / f"s{i}.txt").write_text(tok.decode([x for x in row if x > 0]))
+    return out

@@ -13,7 +13,7 @@ Measures and checks, then prints a short table last and writes everything as JSO
    on-device acceptance loop) equals ONNX Runtime on the CPU, token for token.
 4. Tokens/s on the demo pair with graphs on: plain vs speculative, acceptance on the host (the
    runtime, one sync per model call) and on the device (one sync per round).
-5. The exactness test of the core issue (tests/test_exactness.py) with every engine dir loaded
+5. The exactness test of the core issue (tests/runtime/test_exactness.py) with every engine dir loaded
    as a device-resident runtime on the GPU (CUDA graphs on).
 
 Needs torch with CUDA, transformers, tokenizers, onnx, onnxruntime (CPU is enough), pytest and
@@ -342,8 +342,8 @@ def table(r: dict) -> str:
             f" | acceptance (γ=4) {demo['acceptance_rate_gamma4'] or 0:.2f}")
     else:
         lines.append(f"demo pair: {demo.get('error') or demo.get('skipped')}")
-    for key, label in (("gpu_tests", "GPU tests (tests/test_torch_backend.py)"),
-                       ("exactness", "exactness (tests/test_exactness.py, device runtime)")):
+    for key, label in (("gpu_tests", "GPU tests (tests/engines/test_torch_backend.py)"),
+                       ("exactness", "exactness (tests/runtime/test_exactness.py, device runtime)")):
         ex = r.get(key) or {}
         if "passed" in ex:
             state = "PASSED" if ex["passed"] else ("TIMED OUT" if ex.get("timed_out") else "FAILED")
@@ -400,8 +400,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             results[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     left = lambda cap: min(cap, BUDGET_S - (time.time() - t_start))  # noqa: E731
-    for name, args_, dev, cap in (("gpu_tests", ["tests/test_torch_backend.py", "-k", "cuda or trt"], None, 150),
-                                  ("exactness", ["tests/test_exactness.py"], str(device), 300)):
+    for name, args_, dev, cap in (("gpu_tests", ["tests/engines/test_torch_backend.py", "-k", "cuda or trt"], None, 150),
+                                  ("exactness", ["tests/runtime/test_exactness.py"], str(device), 300)):
         if name in args.skip or args.smoke:
             results[name] = {"skipped": "--skip" if name in args.skip else "--smoke (the CPU tests are CI's)"}
         else:

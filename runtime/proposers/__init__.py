@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...tree import Tree
+from ...trees import Tree
 
 
 @dataclass

@@ -15,7 +15,7 @@ A round:
      ancestors' rows: a tree mask over the draft rows), and each contributes its top-k children.
      All candidates are then reranked by path score and the best ``nodes - 1`` kept (a child
      never scores above its parent, so the kept set is a tree). The draft rows are discarded.
-  2. verify (the decode core): ONE target pass over the tree (specrt/tree.py mask and depths),
+  2. verify (the decode core): ONE target pass over the tree (specrt/trees.py mask and depths),
      the exact node walk of runtime/verify.py (greedy: argmax match). Candidates are a
      deterministic function of the history, so the emitted tokens follow the target's distribution exactly.
   3. the core keeps root + accepted path in the target cache; ``observe`` re-runs the head on
@@ -35,7 +35,7 @@ import numpy as np
 from ...contract import NP_DTYPES
 from ...engines.manifest import EagleSpec
 from ..runner import HostRunner
-from ...tree import compile_tree
+from ...trees import compile_tree
 from . import EMPTY, NoProposer, Proposal
 
 
@@ -47,7 +47,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 @dataclass(eq=False)
 class Node:
-    """A draft-tree node: ``path`` of ranks (specrt/tree.py choices format) and its tokens."""
+    """A draft-tree node: ``path`` of ranks (specrt/trees.py choices format) and its tokens."""
 
     path: tuple
     tokens: tuple

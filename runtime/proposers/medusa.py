@@ -7,7 +7,7 @@ import numpy as np
 
 from ...contract import NP_DTYPES
 from ...engines.manifest import MedusaSpec
-from ...tree import Tree, TreeError
+from ...trees import Tree, TreeError
 from . import EMPTY, NoProposer, Proposal
 
 

@@ -1,0 +1,27 @@
+"""The `specrt` command: one thin module per subcommand (tools/cmd_*.py)."""
+from __future__ import annotations
+
+import click
+
+from ... import __version__
+from .bench import bench
+from .demo import demo
+from .export import export
+from .generate import generate
+from .profile import profile
+from .serve import serve
+from .train import train
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="specrt")
+def cli():
+    """specrt: export HF causal LMs to ONNX and run exact speculative decoding."""
+
+
+for command in (export, generate, demo, bench, profile, train, serve):
+    cli.add_command(command)
+
+
+def main():
+    cli()

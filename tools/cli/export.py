@@ -1,0 +1,70 @@
+"""`specrt export`: local HF checkpoints -> engine dir."""
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--target", "target", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Local HF checkpoint dir of the target model.")
+@click.option("--draft", type=click.Path(exists=True, file_okay=False), help="Local HF checkpoint dir of a draft model.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Engine dir to write.")
+@click.option("--gamma", default=4, show_default=True, type=click.IntRange(1, 64),
+              help="Chain-verify draft length (verify shape gamma+1; the adaptive maximum).")
+@click.option("--max-len", default=2048, show_default=True, type=click.IntRange(2), help="KV cache capacity in tokens.")
+@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))
+@click.option("--prefill-chunk", default=128, show_default=True, type=click.IntRange(1), help="Prompt tokens per prefill call.")
+@click.option("--medusa", "medusa_dir", type=click.Path(exists=True, file_okay=False),
+              help="Medusa heads dir (`specrt train medusa`): exported as medusa.onnx; the target also outputs hidden.")
+@click.option("--tree", default="medusa-32", show_default=True,
+              help="Medusa candidate tree: a default (medusa-8/16/32/64) or a JSON file of paths; "
+                   "its node count is the target's tree-verify shape.")
+@click.option("--eagle", "eagle_dir", type=click.Path(exists=True, file_okay=False),
+              help="EAGLE head dir (`specrt train eagle`): exported as eagle.onnx; the target also outputs hidden.")
+@click.option("--eagle-nodes", default=32, show_default=True, type=click.IntRange(2),
+              help="EAGLE dynamic tree: nodes per verify pass, root included (the target's tree-verify shape).")
+@click.option("--eagle-depth", default=5, show_default=True, type=click.IntRange(1), help="EAGLE draft depth.")
+@click.option("--eagle-topk", default=8, show_default=True, type=click.IntRange(1),
+              help="EAGLE: children per node and nodes expanded per depth.")
+@click.option("--torch-weights", is_flag=True,
+              help="Also save the HF weights (safetensors) to OUT/torch/<role>/: what the torch backend runs.")
+@click.option("--trt", "trt", is_flag=True, help="Also build a TensorRT plan per graph (needs tensorrt and a GPU).")
+@click.option("--trt-precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
+def export(target, draft, out, gamma, max_len, dtype, prefill_chunk, medusa_dir, tree, torch_weights, trt,
+           trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5, eagle_topk=8):
+    """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json."""
+    try:
+        from ...export.onnx_export import ExportConfig, ExportError, export_engine
+        from ...engines.wrapper import UnsupportedArchitecture
+    except ImportError as e:
+        raise click.ClickException(f"exporting needs torch, transformers and onnx: pip install 'specrt[export]' ({e})")
+    from ...engines import EngineError
+
+    from ...trees import TreeError, load_tree
+
+    if trt:  # fail before a long export when TensorRT is missing
+        from ...export.trt_build import TrtBuildError, import_tensorrt
+
+        try:
+            import_tensorrt()
+        except TrtBuildError as e:
+            raise click.ClickException(str(e))
+    cfg = ExportConfig(gamma=gamma, max_len=max_len, dtype=dtype, prefill_chunk=prefill_chunk,
+                       torch_weights=torch_weights)
+    try:
+        medusa = dict(medusa_dir=medusa_dir, tree=load_tree(tree)) if medusa_dir else {}
+        if eagle_dir:
+            medusa.update(eagle_dir=eagle_dir, eagle_tree={"nodes": eagle_nodes, "depth": eagle_depth,
+                                                           "topk": eagle_topk})
+        path = export_engine(target, out, draft_dir=draft, cfg=cfg, log=click.echo, **medusa)
+    except (ExportError, UnsupportedArchitecture, EngineError, TreeError) as e:
+        raise click.ClickException(str(e))
+    if trt:
+        from ...export.trt_build import build_engine_plans
+
+        try:
+            build_engine_plans(path, precision=trt_precision, log=click.echo)
+        except (TrtBuildError, EngineError) as e:
+            raise click.ClickException(str(e))
+    click.echo(f"engine dir written: {path}")

@@ -1,0 +1,62 @@
+"""`specrt serve`: an OpenAI-compatible HTTP server over an engine dir (see docs/serving.md)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .options import load_runtime
+
+
+@click.command()
+@click.argument("engine_dir", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--max-batch", default=8, show_default=True, type=click.IntRange(1),
+              help="Sequences decoded together in one target pass.")
+@click.option("--max-queue", default=128, show_default=True, type=click.IntRange(0),
+              help="Requests waiting for a slot; more get HTTP 429.")
+@click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "medusa", "eagle"]),
+              help="Proposer (none = no speculation). Default: the engine dir's default.")
+@click.option("--gamma", default=None, type=int,
+              help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")
+@click.option("--api-key", default=None, envvar="SPECRT_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/* (or set SPECRT_API_KEY).")
+@click.option("--model-name", default=None, help="Model id clients send in 'model'. Default: the engine dir's name.")
+@click.option("--threads", default=None, type=click.IntRange(1),
+              help="ONNX Runtime intra-op threads (default: ORT's choice).")
+@click.option("--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]),
+              help="Graph backend: ONNX Runtime, or torch over the engine dir's HF weights (export --torch-weights).")
+@click.option("--device", default=None, help="torch backend: cpu | cuda (default: cpu).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
+          log_level):
+    """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    try:
+        import uvicorn
+
+        from ...runtime.core import CoreConfig
+        from ...runtime.sampling import SamplingError
+        from ...runtime.server import ServerConfig, create_app
+    except ImportError as e:
+        raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
+                                   f"pip install 'specrt[serve]' ({e})")
+    options = {"threads": threads} if threads else {}
+    if device:
+        if backend != "torch":
+            raise click.ClickException("--device needs --backend torch")
+        options["device"] = device
+    rt = load_runtime(engine_dir, backend=backend, **options)
+    name = model_name or Path(engine_dir).resolve().name
+    try:
+        method = rt.resolve_method(method)
+        app = create_app(rt, ServerConfig(model_name=name, max_queue=max_queue, api_key=api_key,
+                                          batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)))
+    except (ValueError, SamplingError) as e:
+        raise click.ClickException(str(e))
+    policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
+    click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
+               f"http://{host}:{port}", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+

@@ -1,0 +1,82 @@
+"""`specrt train`: train speculative heads for a target (``medusa``; others may join the group)."""
+from __future__ import annotations
+
+import click
+
+
+def training_options(f):
+    """Options every head trainer takes: data, schedule, checkpointing."""
+    for option in reversed(_TRAINING_OPTIONS):
+        f = option(f)
+    return f
+
+
+_TRAINING_OPTIONS = [
+    click.option("--target", required=True, type=click.Path(exists=True, file_okay=False),
+                 help="Local HF checkpoint dir of the target (frozen)."),
+    click.option("--data", required=True, multiple=True,
+                 help="Training text: a file, a directory (its text files) or a glob. Repeatable."),
+    click.option("--heldout", multiple=True, help="Held-out text (same forms). Default: every 20th --data file."),
+    click.option("--steps", default=400, show_default=True, type=click.IntRange(1)),
+    click.option("--batch", default=8, show_default=True, type=click.IntRange(1)),
+    click.option("--seq", default=256, show_default=True, type=click.IntRange(8), help="Tokens per window."),
+    click.option("--lr", default=1e-3, show_default=True, type=float),
+    click.option("--eval-every", default=50, show_default=True, type=click.IntRange(1)),
+    click.option("--save-every", default=50, show_default=True, type=click.IntRange(1)),
+    click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--threads", default=1, show_default=True, type=click.IntRange(1)),
+    click.option("--dtype", default="fp16", show_default=True, type=click.Choice(["fp16", "fp32"])),
+    click.option("--resume", is_flag=True, help="Continue the run from OUT/checkpoint.pt (same options)."),
+    click.option("--stop-after", default=None, type=click.IntRange(1), help="Stop after this step (checkpointed)."),
+]
+
+
+@click.group()
+def train():
+    """Train speculative-decoding heads for a target checkpoint (CPU)."""
+
+
+@train.command()
+@training_options
+@click.option("--heads", default=4, show_default=True, type=click.IntRange(1, 16), help="Number of heads K.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Heads dir to write.")
+@click.option("--layers", default=1, show_default=True, type=click.IntRange(1), help="Residual blocks per head.")
+@click.option("--positions", default=0, show_default=True, type=click.IntRange(0),
+              help="Positions per window the heads train on, drawn at random (0 = all): cheaper steps.")
+@click.option("--distill", default=1.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Self-distillation weight: 1 = learn the target's own distribution, 0 = the text's tokens.")
+def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positions, lr, distill, eval_every, save_every, seed,
+           threads, dtype, resume, stop_after):
+    """Train K Medusa heads (residual block + linear each, backbone frozen) on TARGET's hidden states."""
+    try:
+        from ..train.medusa import TrainConfig, TrainError
+        from ..train.medusa import train as run
+    except ImportError as e:
+        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
+    cfg = TrainConfig(heads=heads, layers=layers, steps=steps, batch=batch, seq=seq, positions=positions, lr=lr, distill=distill,
+                      eval_every=eval_every, save_every=save_every, seed=seed, threads=threads, dtype=dtype)
+    try:
+        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
+    except TrainError as e:
+        raise click.ClickException(str(e))
+
+
+@train.command()
+@training_options
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Head dir to write.")
+@click.option("--w-cls", default=0.1, show_default=True, type=click.FloatRange(0),
+              help="Weight of the CE term (target's distribution vs lm_head of the predicted feature).")
+def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, save_every, seed, threads, dtype,
+          resume, stop_after):
+    """Train an EAGLE head (fc + one decoder layer over features and tokens; target frozen)."""
+    try:
+        from ..train.eagle import EagleTrainConfig, TrainError
+        from ..train.eagle import train as run
+    except ImportError as e:
+        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
+    cfg = EagleTrainConfig(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls, eval_every=eval_every,
+                           save_every=save_every, seed=seed, threads=threads, dtype=dtype)
+    try:
+        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
+    except TrainError as e:
+        raise click.ClickException(str(e))

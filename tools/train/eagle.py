@@ -1,0 +1,197 @@
+"""Train an EAGLE head (export/eagle_head.py) for a local HF target, on CPU; the target stays frozen.
+
+Features f_t are the target's ``hidden`` output (last hidden state after the final norm). On a
+window of T tokens the head reads (f_t, x_{t+1}) for t = 0..T-2 with causal attention (teacher
+forcing: the true features) and predicts f_{t+1}. The loss is the EAGLE paper's:
+
+    L = smooth_L1(f̂_{t+1}, f_{t+1}) + w_cls * CE(p_{t+1}, softmax(lm_head(f̂_{t+1})))
+
+where p_{t+1} = softmax(lm_head(f_{t+1})) is the target's own next-token distribution (soft
+labels: the head learns what the target will accept) and lm_head is the target's, frozen.
+Held-out evaluation reports top-1/top-5 agreement of lm_head(f̂_{t+1}) with the target's greedy
+token after position t+1 (what greedy verification accepts) and top-1 against the text.
+
+A checkpoint (head, optimizer, step, data RNG, log) is written every ``save_every`` steps;
+``resume=True`` continues the same run bit for bit (same config, same thread count).
+
+    specrt train eagle --target T --data DIR_OR_FILES --out HEAD_DIR
+    python -m specrt.tools.train.eagle --out /tmp/eagle      # a head for the demo target
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .medusa import (CHECKPOINT, TrainError, encode_files, expand_paths, load_resume_state, sample_windows,
+                           save_resume_state, training_record, warmup_cosine_lr)
+
+__all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    steps: int = 400  # optimizer steps
+    batch: int = 8  # windows per step
+    seq: int = 256  # tokens per window
+    lr: float = 1e-3  # peak AdamW learning rate (5% warm-up, cosine decay to 10%)
+    w_cls: float = 0.1  # weight of the classification (CE) term; EAGLE uses 0.1
+    eval_every: int = 50  # steps between held-out evaluations
+    eval_windows: int = 16  # held-out windows per evaluation
+    save_every: int = 50  # steps between checkpoints
+    seed: int = 0  # data sampling and init seed
+    threads: int = 1  # torch intra-op threads (resume needs the same count to be bit-exact)
+    dtype: str = "fp16"  # weights of the written head: fp16 | fp32
+
+
+def head_forward(head, feats, ids):
+    """Teacher-forced head over a window: feats [B, T, H], ids [B, T] -> (logits, predicted features) for
+    rows t = 0..T-2 (row t predicts f_{t+1} and the token at t+2)."""
+    import torch
+
+    from ...export.eagle_head import causal_mask
+
+    b, t = ids.shape
+    pos = torch.arange(t - 1)[None].expand(b, -1)
+    past = head.empty_past(b, feats.dtype)
+    logits, _, _, pred = head(ids[:, 1:], feats[:, :-1], pos, causal_mask(0, t - 1, feats.dtype), past, past)
+    return logits, pred
+
+
+def eagle_loss(head, feats, teacher_logits, ids, cfg: EagleTrainConfig):
+    """feats [B, T, H], teacher_logits [B, T, V] (frozen target), ids [B, T]. Returns (loss, (l_feat, l_cls))."""
+    import torch
+
+    logits, pred = head_forward(head, feats, ids)  # [B, T-1, V], [B, T-1, H]
+    l_feat = torch.nn.functional.smooth_l1_loss(pred, feats[:, 1:])
+    teacher = torch.softmax(teacher_logits[:, 1:].float(), -1)  # [B, T-1, V] target's p after position t+1
+    l_cls = -(teacher * torch.log_softmax(logits, -1)).sum(-1).mean()
+    return l_feat + cfg.w_cls * l_cls, (float(l_feat.detach()), float(l_cls.detach()))
+
+
+def evaluate(model, head, windows) -> dict:
+    """Top-1/top-5 agreement with the target's greedy token, and top-1 against the text."""
+    import torch
+
+    hits1 = hits5 = text = count = 0
+    with torch.no_grad():
+        for w in windows:
+            ids = torch.from_numpy(w)[None]  # [1, T]
+            out = model(input_ids=ids, output_hidden_states=True)
+            logits, _ = head_forward(head, out.hidden_states[-1], ids)  # [1, T-1, V]
+            greedy = out.logits[0, 1:].argmax(-1)  # [T-1] target's token after position t+1
+            top = logits[0].topk(5, -1).indices  # [T-1, 5]
+            hits1 += int((top[:, 0] == greedy).sum())
+            hits5 += int((top == greedy[:, None]).any(-1).sum())
+            text += int((top[:-1, 0] == ids[0, 2:]).sum())
+            count += len(greedy)
+    return {"top1": round(hits1 / count, 4), "top5": round(hits5 / count, 4),
+            "top1_text": round(text / max(1, count - len(windows)), 4)}
+
+
+def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bool = False,
+          stop_after: int | None = None, log=print, progress: bool = True) -> dict:
+    """Train (or resume) and write ``out``; returns the result record (also in out/training.json)."""
+    import torch
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
+
+    from ...export.eagle_head import EagleConfig, EagleHead, save_head
+    from ...export.onnx_export import load_hf, vocab_sha256
+
+    target_dir, out = Path(target_dir), Path(out)
+    if not (target_dir / "tokenizer.json").is_file():
+        raise TrainError(f"{target_dir} has no tokenizer.json")
+    files = expand_paths(data)
+    held = expand_paths(heldout) if heldout else files[::20]  # default: every 20th file is held out
+    held_set = set(held)
+    train_files = [f for f in files if f not in held_set]
+    if not train_files or not held:
+        raise TrainError(f"need training and held-out files: got {len(train_files)} and {len(held)}")
+    torch.set_num_threads(cfg.threads)
+    model = load_hf(target_dir).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
+    train_ids, held_ids = encode_files(tok, train_files, eos), encode_files(tok, held, eos)
+    if len(train_ids) <= cfg.seq + 1 or len(held_ids) <= cfg.seq + 1:
+        raise TrainError(f"too little text for windows of {cfg.seq} tokens: {len(train_ids)} train, "
+                         f"{len(held_ids)} held-out tokens")
+    eval_rng = np.random.default_rng(12345)
+    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+
+    torch.manual_seed(cfg.seed)
+    hcfg = EagleConfig.for_target(model, target_vocab_sha256=vocab_sha256(target_dir / "tokenizer.json"))
+    head = EagleHead(hcfg).attach_target(model)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    rng = np.random.default_rng(cfg.seed)
+    step, history, seconds = 0, [], 0.0
+    ckpt = out / CHECKPOINT
+    if resume:
+        state = load_resume_state(ckpt, cfg, log)
+        head.load_state_dict(state["weights"], strict=False)
+        opt.load_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        step, history, seconds = state["step"], state["history"], state["seconds"]
+
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(initial=step, total=cfg.steps, desc="eagle", disable=not progress)
+    t0 = time.time()
+    while step < end:
+        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+        with torch.no_grad():
+            o = model(input_ids=ids, output_hidden_states=True)
+        for g in opt.param_groups:
+            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+        loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        record = {"step": step, "loss": round(loss.item(), 4), "feat": round(l_feat, 4), "cls": round(l_cls, 4)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            record["eval"] = evaluate(model, head, windows)
+            bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 {record['eval']['top1']} "
+                      f"(top-5 {record['eval']['top5']})")
+        history.append(record)
+        if step % cfg.save_every == 0 or step == end:
+            seconds += time.time() - t0
+            t0 = time.time()
+            save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
+    bar.close()
+    result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    done, final = result["finished"], result["accuracy"]
+    if done:
+        extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
+        save_head(head, out, extra=extra, dtype=torch.float16 if cfg.dtype == "fp16" else torch.float32)
+        (out / "training.json").write_text(json.dumps({**result, "history": history}, indent=1))
+        log(f"EAGLE head written to {out}: held-out top-1 {final['top1']} (top-5 {final['top5']})")
+    return {**result, "history": history, "head": head}
+
+
+def main() -> None:
+    from .demo import split_corpus
+
+    ap = argparse.ArgumentParser(description="Train an EAGLE head for the demo target on its corpus split.")
+    here = Path(__file__).resolve().parents[1] / "demo_models"
+    ap.add_argument("--target", type=Path, default=here / "target")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=EagleTrainConfig.steps)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    train_files, held = split_corpus()
+    cfg = EagleTrainConfig(steps=a.steps, eval_windows=32, eval_every=100, threads=a.threads)
+    train(a.target, [str(f) for f in train_files], a.out, cfg, heldout=[str(f) for f in held], resume=a.resume)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""Train Medusa heads (Medusa-1: frozen backbone) for a local HF target, on CPU.
+
+Head k at position t reads the target's last hidden state h_t and learns the token at t+1+k.
+Two objectives, mixed by ``distill`` (loss = distill * KL(target || head) + (1 - distill) * CE):
+    self-distillation  the target's own next-token distribution at position t+k (computed in
+                       the same frozen forward pass): the heads learn what the target will
+                       accept, not what the text happened to say;
+    ground truth       the text's token at t+1+k.
+Head k's loss is weighted decay^(k-1) (Medusa's λ_k). Held-out evaluation reports, per head,
+top-1/top-5 agreement with the target's greedy token (what greedy verification accepts), top-1
+against the text, and the accuracy of each candidate rank (the input of ``greedy_tree``).
+
+A checkpoint (heads, optimizer, step, data RNG, log) is written every ``save_every`` steps;
+``resume=True`` continues the same run bit for bit (same config, same thread count).
+
+    specrt train medusa --target T --data DIR_OR_FILES --heads 4 --out HEADS_DIR
+    python -m specrt.tools.train.medusa --out tools/demo_models/medusa      # the demo heads
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+CHECKPOINT = "checkpoint.pt"
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs"}
+
+
+class TrainError(ValueError):
+    pass
+
+
+def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay from ``peak`` to 10% of it."""
+    warm = max(1, steps // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
+
+def sample_windows(rng: np.random.Generator, ids: np.ndarray, batch: int, seq: int):
+    """``batch`` random training windows of ``seq`` tokens: int64 tensor [batch, seq]."""
+    import torch
+
+    starts = rng.integers(0, len(ids) - seq, batch)
+    return torch.from_numpy(np.stack([ids[s : s + seq] for s in starts]))
+
+
+def load_resume_state(ckpt: Path, cfg, log) -> dict:
+    """The checkpoint a ``--resume`` run continues from; its config must equal ``cfg`` (steps aside)."""
+    import torch
+
+    if not ckpt.is_file():
+        raise TrainError(f"--resume: no checkpoint at {ckpt}")
+    state = torch.load(ckpt, weights_only=False)
+    saved = type(cfg)(**state["config"])
+    if replace(saved, steps=cfg.steps) != cfg:
+        raise TrainError(f"--resume: the checkpoint was written with a different config: {saved} vs {cfg}")
+    log(f"resuming from step {state['step']} ({ckpt})")
+    return state
+
+
+def training_record(cfg, history: list, seconds: float, target_dir: Path, train_files, held, train_ids,
+                    held_ids) -> dict:
+    """The summary a head trainer writes to training.json (and returns): config, data, last held-out eval."""
+    import torch
+
+    final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
+    return {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
+            "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "train_files": len(train_files),
+            "heldout_files": len(held), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
+            "torch": torch.__version__, "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
+            "final_loss": history[-1]["loss"] if history else None}
+
+
+def save_resume_state(ckpt: Path, cfg, weights: dict, opt, step: int, rng, history: list, seconds: float) -> None:
+    import torch
+
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": asdict(cfg), "weights": weights, "opt": opt.state_dict(), "step": step,
+                "rng": rng.bit_generator.state, "history": history, "seconds": seconds}, ckpt)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    heads: int = 4  # K heads
+    layers: int = 1  # residual blocks per head
+    steps: int = 400  # optimizer steps
+    batch: int = 8  # windows per step
+    seq: int = 256  # tokens per window
+    positions: int = 0  # positions per window the heads train on, drawn at random (0 = all); the target sees all
+    lr: float = 1e-3  # peak AdamW learning rate (5% warm-up, cosine decay to 10%)
+    distill: float = 1.0  # weight of self-distillation; 1 - distill goes to ground-truth CE
+    decay: float = 0.8  # head k's loss weight is decay^(k-1)
+    eval_every: int = 50  # steps between held-out evaluations
+    eval_windows: int = 16  # held-out windows per evaluation
+    save_every: int = 50  # steps between checkpoints
+    seed: int = 0  # data sampling and init seed
+    threads: int = 1  # torch intra-op threads (resume needs the same count to be bit-exact)
+    dtype: str = "fp16"  # weights of the written heads: fp16 | fp32
+
+
+def expand_paths(specs) -> list[Path]:
+    """Files from file paths, directories (text files below them) and globs; sorted, unique."""
+    out: set[Path] = set()
+    for spec in specs:
+        p = Path(spec)
+        if p.is_file():
+            out.add(p)
+        elif p.is_dir():
+            out.update(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
+        else:
+            matches = [Path(m) for m in glob.glob(str(spec), recursive=True)]
+            if not matches:
+                raise TrainError(f"--data {spec}: no such file, directory or glob match")
+            out.update(m for m in matches if m.is_file())
+    return sorted(out, key=str)
+
+
+def encode_files(tokenizer, files: list[Path], eos: int) -> np.ndarray:
+    """One id stream: every file's tokens followed by EOS. int64 [T]."""
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    parts = [np.array(e.ids + [eos], dtype=np.int64) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def heads_loss(heads, hidden, teacher_logits, ids, cfg: TrainConfig, rng: np.random.Generator):
+    """hidden [B, T, H], teacher_logits [B, T, V] (frozen target), ids [B, T]. Returns (loss, per-head losses).
+
+    Trains on positions t < T-1-K (every head has its label t+1+k inside the window), or on
+    ``cfg.positions`` of them drawn by ``rng`` (the same for the whole batch).
+    """
+    import torch
+
+    n = ids.shape[1] - 1 - cfg.heads
+    if 0 < cfg.positions < n:
+        t = torch.from_numpy(np.sort(rng.choice(n, cfg.positions, replace=False)))  # [n'] positions
+    else:
+        t = torch.arange(n)
+    logits = heads(hidden[:, t])  # [B, n', K, V]
+    total, per_head = 0.0, []
+    for k in range(1, cfg.heads + 1):
+        logp = torch.log_softmax(logits[:, :, k - 1].float(), -1)  # [B, n', V] head k at t: token t+1+k
+        loss = 0.0
+        if cfg.distill > 0:
+            teacher_logp = torch.log_softmax(teacher_logits[:, t + k].float(), -1)  # [B, n', V] target at t+k
+            kl = (teacher_logp.exp() * (teacher_logp - logp)).sum(-1).mean()  # KL(target || head)
+            loss = loss + cfg.distill * kl
+        if cfg.distill < 1:
+            gt = ids[:, t + 1 + k]  # [B, n'] the text's tokens
+            loss = loss + (1 - cfg.distill) * -logp.gather(-1, gt[..., None]).mean()
+        per_head.append(float(loss.detach()))
+        total = total + cfg.decay ** (k - 1) * loss
+    return total, per_head
+
+
+def evaluate(model, heads, windows, cfg: TrainConfig, ranks: int = 10) -> dict:
+    """Per head: top-1/top-5 agreement with the target's greedy token, top-1 vs the text, per-rank accuracy."""
+    import torch
+
+    hits = np.zeros((cfg.heads, ranks))  # [K, R] rank-r candidate == target's greedy token
+    text_hits, counts = np.zeros(cfg.heads), np.zeros(cfg.heads)
+    with torch.no_grad():
+        for w in windows:
+            ids = torch.from_numpy(w)[None]  # [1, T]
+            out = model(input_ids=ids, output_hidden_states=True)
+            greedy = out.logits[0].argmax(-1)  # [T] target's next token after each position
+            logits = heads(out.hidden_states[-1])[0]  # [T, K, V]
+            for k in range(1, cfg.heads + 1):
+                n = ids.shape[1] - 1 - k
+                top = logits[:n, k - 1].topk(ranks, -1).indices  # [n, R]
+                hits[k - 1] += (top == greedy[k : k + n, None]).sum(0).numpy()
+                text_hits[k - 1] += (top[:, 0] == ids[0, k + 1 : k + 1 + n]).sum().item()
+                counts[k - 1] += n
+    by_rank = hits / counts[:, None]
+    return {"top1": by_rank[:, 0].round(4).tolist(), "top5": by_rank[:, :5].sum(1).round(4).tolist(),
+            "top1_text": (text_hits / counts).round(4).tolist(), "by_rank": by_rank.round(4).tolist()}
+
+
+def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = False, stop_after: int | None = None,
+          log=print, progress: bool = True) -> dict:
+    """Train (or resume) and write ``out``; returns the result record (also in out/training.json).
+
+    ``stop_after``: stop after this step (a checkpoint is written there), e.g. to split a run.
+    """
+    import torch
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
+
+    from ...export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
+    from ...export.onnx_export import load_hf, vocab_sha256
+
+    target_dir, out = Path(target_dir), Path(out)
+    if not (target_dir / "tokenizer.json").is_file():
+        raise TrainError(f"{target_dir} has no tokenizer.json")
+    files = expand_paths(data)
+    held = expand_paths(heldout) if heldout else files[::20]  # default: every 20th file is held out
+    held_set = set(held)
+    train_files = [f for f in files if f not in held_set]
+    if not train_files or not held:
+        raise TrainError(f"need training and held-out files: got {len(train_files)} and {len(held)}")
+    torch.set_num_threads(cfg.threads)
+    model = load_hf(target_dir).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    text_cfg = model.config.get_text_config()
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
+    train_ids, held_ids = encode_files(tok, train_files, eos), encode_files(tok, held, eos)
+    if len(train_ids) <= cfg.seq + 1 or len(held_ids) <= cfg.seq + 1:
+        raise TrainError(f"too little text for windows of {cfg.seq} tokens: {len(train_ids)} train, "
+                         f"{len(held_ids)} held-out tokens")
+    eval_rng = np.random.default_rng(12345)
+    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+
+    torch.manual_seed(cfg.seed)
+    hcfg = HeadsConfig(cfg.heads, cfg.layers, int(text_cfg.hidden_size), int(model.get_output_embeddings().weight.shape[0]),
+                       type(model).__name__, vocab_sha256(target_dir / "tokenizer.json"))
+    heads = MedusaHeads(hcfg)
+    heads.init_from_lm_head(model.get_output_embeddings().weight)
+    opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
+    rng = np.random.default_rng(cfg.seed)
+    step, history, seconds = 0, [], 0.0  # steps done, per-step records, training seconds so far
+    ckpt = out / CHECKPOINT
+    if resume:
+        state = load_resume_state(ckpt, cfg, log)
+        heads.load_state_dict(state["weights"])
+        opt.load_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        step, history, seconds = state["step"], state["history"], state["seconds"]
+
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(initial=step, total=cfg.steps, desc="medusa", disable=not progress)
+    t0 = time.time()
+    while step < end:
+        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+        with torch.no_grad():
+            o = model(input_ids=ids, output_hidden_states=True)
+        for g in opt.param_groups:
+            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+        loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        record = {"step": step, "loss": round(loss.item(), 4), "per_head": [round(x, 4) for x in per_head]}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            record["eval"] = evaluate(model, heads, windows, cfg)
+            bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 per head "
+                      f"{record['eval']['top1']} (top-5 {record['eval']['top5']})")
+        history.append(record)
+        if step % cfg.save_every == 0 or step == end:
+            seconds += time.time() - t0
+            t0 = time.time()
+            save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
+    bar.close()
+    result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    done, final = result["finished"], result["accuracy"]
+    if done:
+        extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
+        save_heads(heads, out, extra=extra, dtype=torch.float16 if cfg.dtype == "fp16" else torch.float32)
+        (out / "training.json").write_text(json.dumps({**result, "history": history}, indent=1))
+        log(f"heads written to {out}: held-out top-1 per head {final['top1']}")
+    return {**result, "history": history, "heads": heads}
+
+
+def demo_files() -> tuple[list[Path], list[Path]]:
+    """The demo target's own corpus split (tools/train/demo.py): train files, held-out files."""
+    from .demo import split_corpus
+
+    return split_corpus()
+
+
+def write_card(out: Path, r: dict) -> None:
+    """tools/demo_models/medusa/README.md: what the heads are, how they were trained, per-head accuracy."""
+    c, acc = r["config"], r["accuracy"]
+    params = sum(v.numel() for v in r["heads"].state_dict().values())
+    rows = "\n".join(f"| {k + 1} | t+{k + 2} | {acc['top1'][k]:.3f} | {acc['top5'][k]:.3f} | {acc['top1_text'][k]:.3f} |"
+                     for k in range(c["heads"]))
+    text = f"""# specrt demo Medusa heads
+
+{c['heads']} Medusa-1 heads for the demo target (`../target`): each is one residual block
+(`h + SiLU(A h + b)`, A zero-initialised) and a {r['heads'].cfg.hidden_size}x{r['heads'].cfg.vocab_size} output
+layer initialised from the target's LM head; the target stays frozen. {params / 1e6:.2f}M parameters,
+stored in {c['dtype']} (`model.safetensors`), sizes and accuracy in `config.json`, full log in `training.json`.
+
+- Data: the demo target's own corpus split (tools/train/demo.py `split_corpus()`: the Python
+  standard library, {r['train_files']} train files / {r['heldout_files']} held-out files;
+  {r['train_tokens']} / {r['heldout_tokens']} tokens).
+- Objective: self-distillation (KL from the target's next-token distribution at t+k to head k
+  at t), weight 0.8^(k-1) per head; {c['steps']} AdamW steps of {c['batch']} windows x {c['seq']} tokens,
+  the heads trained on {c['positions'] or c['seq']} random positions per window; peak lr {c['lr']}; seed {c['seed']};
+  torch {r['torch']}, {c['threads']} CPU thread(s), {r['seconds']:.0f} s.
+
+Held-out accuracy ({c['eval_windows']} windows of {c['seq']} tokens from the held-out files). "agreement" =
+the head's candidate is the token the greedy target produces at that position (what greedy tree
+verification accepts); "text" = the held-out text's own token.
+
+| head | predicts | top-1 agreement | top-5 agreement | top-1 text |
+|---|---|---|---|---|
+{rows}
+
+Per-rank agreement (rank 0..9 per head) is `config.json`'s `accuracy.by_rank`; the default trees in
+trees.py are built from it.
+
+Reproduce: `python -m specrt.tools.train.medusa --steps {c['steps']} --heads {c['heads']} --positions {c['positions']}`.
+Demo heads for speculative decoding, not a useful model.
+"""
+    (out / "README.md").write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Train the demo Medusa heads on the demo target's corpus split.")
+    here = Path(__file__).resolve().parents[1] / "demo_models"
+    ap.add_argument("--target", type=Path, default=here / "target")
+    ap.add_argument("--out", type=Path, default=here / "medusa")
+    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--heads", type=int, default=TrainConfig.heads)
+    ap.add_argument("--positions", type=int, default=64, help="positions per window the heads train on")
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    train_files, held = demo_files()
+    cfg = TrainConfig(heads=a.heads, steps=a.steps, positions=a.positions, eval_windows=32, eval_every=100)
+    r = train(a.target, [str(f) for f in train_files], a.out, cfg, heldout=[str(f) for f in held], resume=a.resume)
+    if r["finished"]:
+        write_card(a.out, r)
+        (a.out / CHECKPOINT).unlink()  # 50 MB of optimizer state: not part of the committed heads
+
+
+if __name__ == "__main__":
+    main()
