@@ -87,6 +87,7 @@ class Runtime:
         self.runner_factory = runner_factory  # (graph, max_batch, on_call) -> runner; None: HostRunner
         self._shared: dict = {}  # role -> (runner, LatencyCurve) at max_batch 1, shared by the batch-1 cores
         self._cores: dict = {}  # (method, acceptance) -> DecodeCore at max_batch 1
+        self._requests = 0  # generations started (request ids of the batch-1 cores)
 
     def _default_gamma(self, manifest: Manifest) -> int | None:
         """The manifest's ``defaults.gamma`` (e.g. written by `specrt profile --write-defaults`); None = adaptive."""
@@ -253,11 +254,14 @@ class Runtime:
 
     # ---- internals --------------------------------------------------------------------------
     def _events(self, core: DecodeCore, ids, params: SamplingParams, holder: dict):
-        for row in list(core.rows):  # a stream abandoned before its end left its sequence behind
-            core.remove(row.request.request_id)
+        for other in self._cores.values():  # a stream abandoned before its end left its sequence behind
+            for row in list(other.rows):  # (the batch-1 cores share the target's cache)
+                other.remove(row.request.request_id)
+        self._requests += 1
+        rid = f"generate-{self._requests}"
         runners = [r for r in (core.target, getattr(core.proposer, "runner", None)) if r is not None]
         t0, engine_s0 = time.perf_counter(), sum(r.engine_seconds for r in runners)
-        update = core.add(SequenceRequest("generate", ids, params))
+        update = core.add(SequenceRequest(rid, ids, params))
         while True:
             for event in update.events:
                 if event.token_id is not None:
@@ -266,6 +270,9 @@ class Runtime:
                 yield event
             if update.finish_reason:
                 break
+            if [row.request.request_id for row in core.rows] != [rid]:
+                raise RuntimeError("this generation was interrupted: another generate/stream ran on the same "
+                                   "Runtime before it finished (a Runtime runs one sequence at a time)")
             update = core.step()[0][0]
         seconds, engine_s = time.perf_counter() - t0, sum(r.engine_seconds for r in runners) - engine_s0
         holder["finish_reason"] = update.finish_reason

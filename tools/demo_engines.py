@@ -30,7 +30,7 @@ def demo_engine_dir(gamma: int = 4, max_len: int = 1024, log=print) -> Path:
 def tree_engine(kind: str) -> Path:
     """The demo target with the demo Medusa heads (tree medusa-8) or the demo EAGLE head, exported once."""
     from ..export.onnx_export import ExportConfig, export_engine
-    from ..tree import load_tree
+    from ..trees import load_tree
 
     out = cache_dir() / f"bench-{kind}"
     if not (out / "manifest.json").is_file():

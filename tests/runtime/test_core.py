@@ -227,3 +227,14 @@ def test_stream_yields_same_as_generate(rt):
     out = rt.generate(PROMPTS[1], max_new_tokens=12, method="draft")
     assert [e.token_id for e in events if e.token_id is not None] == out.token_ids
     assert "".join(e.text for e in events) == out.text == gen.text
+
+
+def test_an_interrupted_stream_fails_clearly_and_the_next_one_is_exact(rt):
+    """A Runtime runs one sequence at a time: a second request ends the first stream with a clear error,
+    never with tokens computed on the other request's cache."""
+    first = iter(rt.stream(PROMPTS[1], max_new_tokens=20, method="draft", gamma=2))
+    next(first)
+    plain = rt.generate(PROMPTS[2], max_new_tokens=10, method="none")
+    with pytest.raises(RuntimeError, match="interrupted"):
+        list(first)
+    assert rt.generate(PROMPTS[2], max_new_tokens=10, method="draft").token_ids == plain.token_ids
