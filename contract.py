@@ -45,21 +45,26 @@ def batch_mask(lengths: np.ndarray, q: int, blocks=None, past_visible: np.ndarra
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     r, past = len(lengths), int(lengths.max()) if len(lengths) else 0
-    attend = np.zeros((r, q, past + q), dtype=bool)  # [R, Q, P+Q]
+    mask = np.zeros((r, 1, q, past + q), dtype=dtype)  # 0 = attend; filled only where masked
     if past_visible is not None:
-        attend[:, :, :past] = past_visible
+        mask[:, 0, :, :past] = np.where(past_visible, 0, MASK_MIN)
     else:
-        attend[:, :, :past] = np.arange(past)[None, None, :] < lengths[:, None, None]
-    causal = np.tri(q, dtype=bool)
-    for b in range(r):
-        block = None if blocks is None else blocks[b]
+        for b in np.flatnonzero(lengths < past):  # a shorter row's stale columns
+            mask[b, 0, :, lengths[b] : past] = MASK_MIN
+    causal = np.where(np.tri(q, dtype=bool), 0, MASK_MIN)  # [Q, Q]
+    if blocks is None:
+        mask[:, 0, :, past:] = causal
+        return mask
+    for b, block in enumerate(blocks):
         if block is None:
-            attend[b, :, past:] = causal
-        else:
-            n = len(block)
-            attend[b, :n, past : past + n] = block
-            attend[b, np.arange(n, q), past + np.arange(n, q)] = True
-    return np.where(attend, 0, MASK_MIN).astype(dtype)[:, None]
+            mask[b, 0, :, past:] = causal
+            continue
+        n = len(block)
+        new = np.full((q, q), MASK_MIN, dtype=dtype)
+        new[:n, :n] = np.where(block, 0, MASK_MIN)
+        new[np.arange(n, q), np.arange(n, q)] = 0  # padding attends to itself only
+        mask[b, 0, :, past:] = new
+    return mask
 
 
 def chain_mask(past: int, q: int, dtype=np.float32) -> np.ndarray:

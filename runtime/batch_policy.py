@@ -94,17 +94,30 @@ class PolicyDecision:
 
 
 def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],
-                    draft_seconds: Callable[[int], float]) -> float:
-    """Predicted tokens per second of one step that runs every sequence at draft length ``gamma``."""
+                    draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None) -> float:
+    """Predicted tokens per second of one step that runs every sequence at draft length ``gamma``.
+
+    tree: (nodes N, depth D) of a tree method, whose one speculative choice (γ = 1) verifies its
+    whole tree: E(α, D) tokens per row for T(B·N) + the proposer's D(B) (the heads or the drafting).
+    """
     b = len(alphas)
-    tokens = sum(expected_tokens(a, gamma) for a in alphas)
-    cost = target_seconds(b * (gamma + 1)) + (gamma * draft_seconds(b) if gamma else 0.0)
+    if gamma == 0:
+        return b / max(target_seconds(b), 1e-12)
+    if tree is None:
+        tokens = sum(expected_tokens(a, gamma) for a in alphas)
+        cost = target_seconds(b * (gamma + 1)) + gamma * draft_seconds(b)
+    else:
+        nodes, depth = tree
+        tokens = sum(expected_tokens(a, depth) for a in alphas)
+        cost = target_seconds(b * nodes) + draft_seconds(b)
     return tokens / max(cost, 1e-12)
 
 
 def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callable[[int], float],
-                 draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None) -> PolicyDecision:
-    """The γ in 0..gamma_max with the highest predicted throughput for this batch (one α per sequence).
+                 draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None,
+                 tree: tuple[int, int] | None = None) -> PolicyDecision:
+    """The γ in 0..gamma_max (a tree method: 0 or 1 = its tree) with the highest predicted throughput for
+    this batch (one α per sequence).
 
     Pure: everything it uses is an argument. ``speculation_max_batch``: above this batch size
     the answer is 0 (a measured cap; None = no cap).
@@ -113,18 +126,19 @@ def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callab
         return PolicyDecision(0, 1.0, "policy")
     if speculation_max_batch is not None and len(alphas) > speculation_max_batch:
         return PolicyDecision(0, 1.0, "cap")
-    rates = [step_throughput(g, alphas, target_seconds, draft_seconds) for g in range(gamma_max + 1)]
+    choices = range(gamma_max + 1) if tree is None else range(2)
+    rates = [step_throughput(g, alphas, target_seconds, draft_seconds, tree) for g in choices]
     best = int(np.argmax(rates))  # first maximum: the smaller γ on ties
     return PolicyDecision(best, rates[best] / rates[0], "policy")
 
 
 def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],
-                          draft_seconds: Callable[[int], float]) -> int:
+                          draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None) -> int:
     """The largest batch size <= max_batch at which ``choose_gamma`` speculates when every sequence has
     acceptance ``alpha`` (0: not even at batch 1). The measured analogue of vLLM's disable_by_batch_size."""
     largest = 0
     for b in range(1, max_batch + 1):
-        if choose_gamma([alpha] * b, gamma_max, target_seconds, draft_seconds).gamma > 0:
+        if choose_gamma([alpha] * b, gamma_max, target_seconds, draft_seconds, tree=tree).gamma > 0:
             largest = b
     return largest
 
@@ -136,10 +150,15 @@ class PolicyConfig:
     speculation_max_batch: int | None = None  # measured cap from the manifest's defaults (None = no cap)
     probe_every: int = 16  # steps decided at γ = 0 before one probe step at γ = 1 (keeps α measured)
     draft_cost: bool = True  # whether proposals cost draft passes (False for n-gram lookup)
+    tree: tuple[int, int] | None = None  # (nodes, depth) of a tree method: γ is 0 (plain) or 1 (verify the tree)
 
 
 class SpeculationPolicy:
-    """``choose_gamma`` with its measurements: the target's T(n) and draft's D(B) curves, and probing."""
+    """``choose_gamma`` with its measurements: the target's T(n) and the proposer's D(B) curves, and probing.
+
+    D(B): a draft model's step at batch B (recorded by its runner), or a tree method's proposer
+    work per step at batch B (recorded by the decode core).
+    """
 
     def __init__(self, config: PolicyConfig, target_curve: LatencyCurve | None = None,
                  draft_curve: LatencyCurve | None = None):
@@ -170,7 +189,7 @@ class SpeculationPolicy:
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
         d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
-                         cfg.speculation_max_batch)
+                         cfg.speculation_max_batch, cfg.tree)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0:
             self._idle_steps += 1
             if self._idle_steps >= cfg.probe_every:
@@ -186,6 +205,6 @@ class SpeculationPolicy:
         if not self.target_curve:
             return 0
         b = speculation_max_batch(alpha, max_batch, self.config.gamma_max, self.target_curve.seconds,
-                                  self.draft_seconds)
+                                  self.draft_seconds, self.config.tree)
         cap = self.config.speculation_max_batch
         return b if cap is None else min(b, cap)

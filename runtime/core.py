@@ -119,16 +119,22 @@ class DecodeCore:
         draft_curve = runners["draft"][1] if "draft" in runners else LatencyCurve()
         self.proposer = proposer or runtime.proposer(config.method, config.max_batch, runners.get("draft"))
         cap = runtime.manifest.defaults.get("speculation_max_batch")
-        fixed = 0 if config.method == "none" else config.gamma
-        if fixed is None and self.proposer.tree:
-            fixed = 1  # a tree method verifies its tree every step (0 = off)
+        tree = (self.proposer.max_nodes + 1, self.proposer.depth) if self.proposer.tree else None
         self.policy = SpeculationPolicy(PolicyConfig(
-            gamma_max=runtime.gamma_max, fixed_gamma=fixed, speculation_max_batch=int(cap) if cap is not None else None,
-            probe_every=config.probe_every, draft_cost=config.method == "draft"), target_curve, draft_curve)
+            gamma_max=runtime.gamma_max, fixed_gamma=self.fixed_gamma(config.gamma),
+            speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
+            draft_cost=config.method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
         self.rows: list[Row] = []  # rows[i].slot == i
         self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
         if config.calibrate and config.method != "none":
             self.calibrate()
+
+    def fixed_gamma(self, gamma: int | None) -> int | None:
+        """The policy's fixed γ for a requested γ (None: the policy decides). A tree method has one
+        speculative choice, its whole tree: γ >= 1 means "always verify the tree", 0 "never"."""
+        if self.config.method == "none":
+            return 0
+        return min(gamma, 1) if gamma is not None and self.proposer.tree else gamma
 
     # ---- admission and eviction -------------------------------------------------------------
     @property
@@ -186,7 +192,10 @@ class DecodeCore:
         rows = list(self.rows)
         decision = self.policy.decide([r.alpha.alpha for r in rows])
         ks = [self._room(row, decision.gamma) for row in rows]
-        proposals = self._timed(self.proposer.propose, [r for r, k in zip(rows, ks) if k], rows, ks)
+        drafting = [r for r, k in zip(rows, ks) if k]
+        t1 = time.perf_counter()
+        proposals = self._timed(self.proposer.propose, drafting, rows, ks)
+        proposer_s = time.perf_counter() - t1
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         keeps, news = [], []
         for b, (row, p) in enumerate(zip(rows, proposals)):
@@ -202,10 +211,13 @@ class DecodeCore:
         self.target.commit(out, keeps)
         updates = [self._emit(row, new) for row, new in zip(rows, news)]
         if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
-            hidden = out.outputs["hidden"]  # [B, Q, H]
+            t1, hidden = time.perf_counter(), out.outputs["hidden"]  # [B, Q, H]
             for b, (row, update) in enumerate(zip(rows, updates)):
                 if not update.finish_reason:
                     self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])
+            proposer_s += time.perf_counter() - t1
+        if self.proposer.tree and drafting:  # a tree method's D(B): its proposer work per step
+            self.policy.record_draft(len(drafting), 1, proposer_s)
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)

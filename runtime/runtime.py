@@ -221,8 +221,7 @@ class Runtime:
                                 f"is {self.gamma_max + 1}) or None for the engine dir's default, got {gamma!r}")
         ids = self.encode(prompt)
         core = self.core(method, acceptance)
-        if method != "none" and not core.proposer.tree:
-            core.policy.config.fixed_gamma = gamma  # this request's γ (None: adaptive)
+        core.policy.config.fixed_gamma = core.fixed_gamma(gamma)  # this request's γ (None: adaptive)
         holder: dict = {"token_ids": [], "text": "", "finish_reason": None, "stats": {}}
         return Generation(self._events(core, ids, params, holder), holder)
 

@@ -18,9 +18,11 @@ A round:
   2. verify (the decode core): ONE target pass over the tree (specrt/trees.py mask and depths),
      the exact node walk of runtime/verify.py (greedy: argmax match). Candidates are a
      deterministic function of the history, so the emitted tokens follow the target's distribution exactly.
-  3. the core keeps root + accepted path in the target cache; ``observe`` re-runs the head on
-     the emitted tokens with the TRUE features of the tree pass (root and accepted nodes), which
-     restores the head invariant and yields the next root_logits.
+  3. the core keeps root + accepted path in the target cache; the head re-runs the emitted
+     tokens with the TRUE features of the tree pass (root and accepted nodes), which restores
+     the head invariant and yields the next root_logits. ``observe`` only buffers them: the
+     catch-up runs in one head call before the next draft, so steps without a tree (the policy
+     off, no room) cost no head call.
 
 Per slot the proposer keeps root_logits, root_feat and its rows in the head's own cache (a
 ``HostRunner`` of ``max_batch`` slots); rows are drafted one after another.
@@ -106,6 +108,7 @@ class EagleProposer(NoProposer):
         slots = head.max_batch
         self.root_logits = np.zeros((slots, vocab_size), dtype=np.float32)  # [slots, V] candidates for the next token
         self.root_feat = np.zeros((slots, hidden_size), dtype=head.dtype)  # [slots, H] the head's f̂ at the root
+        self.pending = [[] for _ in range(slots)]  # per slot: (tokens, true features) the head has not run on
         self.step_seconds = None  # EWMA seconds of one round's drafting (head calls + tree building)
         self.passes = 0  # head graph calls
 
@@ -115,11 +118,17 @@ class EagleProposer(NoProposer):
 
     def start(self, row, hidden) -> None:
         self.head.release(row.slot)
-        self._chain(row.slot, row.seq[1:], hidden)  # rows 0..L-2 from the true features f_0..f_{L-2}
+        self.pending[row.slot] = [(row.seq[1:], hidden)]  # rows 0..L-2 from the true features f_0..f_{L-2}
 
     def observe(self, row, new, hidden) -> None:
-        if self.head.room(row.slot) >= len(new):
-            self._chain(row.slot, new, hidden)  # rows start..start+n: the head invariant again
+        self.pending[row.slot].append((new, hidden))  # rows start..start+n, run before the next draft
+
+    def _catch_up(self, slot: int) -> None:
+        """Run the head on every row it has not seen (one call): the head invariant again. Rows are
+        buffered, so steps without a tree (the policy off, no room) cost no head call."""
+        rows, self.pending[slot] = self.pending[slot], []
+        if rows:
+            self._chain(slot, [t for ids, _ in rows for t in ids], np.concatenate([f for _, f in rows]))
 
     def _chain(self, slot: int, ids, feats) -> None:
         """Commit rows at the next positions with causal attention; keeps the last row's outputs."""
@@ -131,10 +140,12 @@ class EagleProposer(NoProposer):
     def propose(self, rows, ks) -> list[Proposal]:
         out = []
         for row, k in zip(rows, ks):
-            if not k or self.head.room(row.slot) < self.draft_rows + self.depth + 1:
+            behind = sum(len(ids) for ids, _ in self.pending[row.slot])
+            if not k or self.head.room(row.slot) < behind + self.draft_rows + self.depth + 1:
                 out.append(EMPTY)
                 continue
             t0 = time.perf_counter()
+            self._catch_up(row.slot)
             tree, tokens = self.draft(row.slot)
             out.append(Proposal(tokens, None, tree))
             dt = time.perf_counter() - t0
@@ -177,6 +188,8 @@ class EagleProposer(NoProposer):
     def move(self, src: int, dst: int) -> None:
         self.head.move(src, dst)
         self.root_logits[dst], self.root_feat[dst] = self.root_logits[src], self.root_feat[src]
+        self.pending[dst], self.pending[src] = self.pending[src], []
 
     def release(self, slot: int) -> None:
         self.head.release(slot)
+        self.pending[slot] = []

@@ -202,3 +202,15 @@ def test_latency_curve_is_non_decreasing_despite_noise():
         c.record(n, t)
     assert [c.seconds(n) for n in (1, 2, 4, 8)] == [1.0, 2.0, 2.0, 4.0]  # pooled, not maxed
     assert monotone([3, 1, 2, 5, 4]) == [2, 2, 2, 4.5, 4.5]
+
+
+def test_policy_turns_a_tree_off_when_the_batch_fills_the_hardware():
+    """A tree method's one speculative choice is its whole tree: on while Σ E(α, depth) / (T(B·N) + D(B))
+    beats B / T(B). Here T is flat up to 16 positions (the ridge) and linear beyond."""
+    t = lambda n: 1.0 if n <= 16 else n / 16  # noqa: E731
+    d = lambda b: 0.1  # noqa: E731  the proposer's work per step
+    tree = (12, 3)  # nodes, depth: E(0.7, 3) = 2.53 tokens per row and pass
+    assert choose_gamma([0.7], 4, t, d, tree=tree).gamma == 1  # 2.53 / 1.1 > 1 / 1
+    assert choose_gamma([0.7] * 4, 4, t, d, tree=tree).gamma == 0  # 10.1 / 3.1 < 4 / 1
+    assert choose_gamma([0.05], 4, t, d, tree=tree).gamma == 0  # a tree that is hardly ever accepted
+    assert speculation_max_batch(0.7, 16, 4, t, d, tree=tree) == 3

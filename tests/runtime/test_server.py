@@ -415,8 +415,8 @@ TREE_PROMPTS = ["abc", "hello", "faded cab", "a", "ghijk abc", "bad", "jello fig
 def tree_server(request, start_server, medusa_engine, eagle_engine):
     """(method, reference runtime, engine dir, server with max_batch 4 running that method)."""
     engine = {"medusa": medusa_engine, "eagle": eagle_engine}[request.param]
-    srv = start_server(runtime=specrt.load(engine), batch=CoreConfig(max_batch=4, method=request.param))
-    return request.param, specrt.load(engine), engine, srv
+    srv = start_server(runtime=specrt.load(engine), batch=CoreConfig(max_batch=4, method=request.param, gamma=1))
+    return request.param, specrt.load(engine), engine, srv  # gamma 1: a tree every step (not the policy's choice)
 
 
 def test_tree_method_completion_equals_greedy(tree_server):

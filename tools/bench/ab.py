@@ -6,7 +6,8 @@ Each checkout runs in its own worker process (``import specrt`` resolves to that
 the same engine dirs (the demo pair; the demo target with the demo Medusa heads and with the demo
 EAGLE head), loaded once and warmed up. The driver then alternates: for every repetition, method
 and temperature it asks the old worker, then the new one (the order flips every repetition), to
-generate the same 8 code prompts x ``--max-new-tokens`` tokens, and records tokens/s. Only one
+generate the same 8 code prompts x ``--max-new-tokens`` tokens (tree methods with ``gamma=1``:
+a tree every round, as older checkouts always did), and records tokens/s. Only one
 worker runs at a time. Reported per method and temperature: the median tokens/s of each side and
 the median of the per-repetition ratios new/old.
 """
@@ -38,7 +39,8 @@ for line in sys.stdin:
     rt, tokens, seconds = runtimes[METHODS[method]], 0, 0.0
     for i, prompt in enumerate(prompts):
         t0 = time.perf_counter()
-        out = rt.generate(prompt, max_new_tokens=max_new, method=method, temperature=temperature, seed=i)
+        gamma = 1 if method in ("medusa", "eagle") else None  # a tree every round (older checkouts ignore it)
+        out = rt.generate(prompt, max_new_tokens=max_new, method=method, temperature=temperature, seed=i, gamma=gamma)
         seconds += time.perf_counter() - t0
         tokens += len(out.token_ids)
     print(json.dumps({"tokens": tokens, "seconds": seconds}), flush=True)
@@ -76,7 +78,7 @@ def main(argv=None) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", type=Path, required=True, help="the baseline checkout (a git worktree of the old commit)")
-    ap.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1], help="default: this checkout")
+    ap.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[2], help="default: this checkout")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--methods", default=",".join(METHODS))

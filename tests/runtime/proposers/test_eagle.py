@@ -206,9 +206,9 @@ def test_greedy_equals_plain(rt):
     for prompt in PROMPTS + [LONG]:
         for max_new in (1, 2, 7, 30):
             plain = rt.generate(prompt, max_new_tokens=max_new, method="none")
-            out = rt.generate(prompt, max_new_tokens=max_new, method="eagle")
+            out = rt.generate(prompt, max_new_tokens=max_new, method="eagle", gamma=1)
             assert out.token_ids == plain.token_ids, (prompt, max_new)
-    s = rt.generate(PROMPT, max_new_tokens=30, method="eagle").stats
+    s = rt.generate(PROMPT, max_new_tokens=30, method="eagle", gamma=1).stats
     assert s["method"] == "eagle" and s["accepted"] > 0 and s["tokens_per_pass"] > 1
     assert sum(s["accept_length_histogram"]) == s["rounds"]
 
@@ -219,38 +219,40 @@ def test_stop_token_mid_tree_stops_exactly(rt):
         plain = rt.generate(prompt, max_new_tokens=30, method="none")
         stop_id = max(set(plain.token_ids[1:]), key=plain.token_ids[1:].count)
         cut = plain.token_ids.index(stop_id) + 1
-        out = rt.generate(prompt, max_new_tokens=30, method="eagle", stop_token_ids=[stop_id])
+        out = rt.generate(prompt, max_new_tokens=30, method="eagle", gamma=1, stop_token_ids=[stop_id])
         assert out.token_ids == plain.token_ids[:cut] and out.finish_reason == "stop"
 
 
 def test_runs_into_max_len(rt):
     """Near the end of the cache the loop falls back to single steps and still equals plain decoding."""
     plain = rt.generate(PROMPT, max_new_tokens=100, method="none")
-    out = rt.generate(PROMPT, max_new_tokens=100, method="eagle")
+    out = rt.generate(PROMPT, max_new_tokens=100, method="eagle", gamma=1)
     assert out.token_ids == plain.token_ids and out.finish_reason == "length"
     assert out.stats["fallback_steps"] > 0
 
 
 def test_head_cache_matches_fresh_recompute_after_sampled_rounds(rt):
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", calibrate=False))
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", gamma=1, calibrate=False))
     # two prefill chunks: the head's first rows read features from both
     core.add(SequenceRequest("r", LONG, SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)))
     row, head = core.rows[0], core.proposer.head
     while len(row.seq) < len(LONG) + 12:
         core.step()
     assert row.counts.rounds >= 2
+    core.proposer._catch_up(row.slot)  # the rows buffered since the last draft
     n = int(head.lengths[row.slot])
-    assert n == len(row.seq) - 1  # the head holds rows 0..L-2 (catch-up after each round done)
+    assert n == len(row.seq) - 1  # the head holds rows 0..L-2
     _, feats = fresh_runner(rt.target).prefill(0, row.seq[:n])  # [n, H] true f_0..f_{n-1}
     fresh = rt.proposer("eagle", 1)
     fresh.start(SimpleNamespace(slot=0, seq=row.seq[: n + 1]), feats)
+    fresh._catch_up(0)
     assert np.abs(fresh.head.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
     core.remove("r")
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
 def test_eagle_is_exact(rt, target_model, sampling):
-    counts, totals = run_trials(rt, PROMPT, TRIALS, V, method="eagle", **sampling)
+    counts, totals = run_trials(rt, PROMPT, TRIALS, V, method="eagle", gamma=1, **sampling)
     pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > TRIALS / 5  # the trees really accepted candidates
@@ -261,7 +263,7 @@ def test_errors(rt, build_engine, engine, tmp_path):
 
     plain = specrt.load(build_engine("eagle_plain", dict(arch="llama", seed=5)))
     with pytest.raises(specrt.runtime.sampling.SamplingError, match="exported with --eagle"):
-        plain.generate([1], method="eagle")
+        plain.generate([1], method="eagle", gamma=1)
     bad = tmp_path / "bad"
     shutil.copytree(engine, bad)
     m = json.loads((bad / "manifest.json").read_text())
@@ -308,6 +310,7 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
     row = SimpleNamespace(slot=0, seq=PROMPT + [int(logits.argmax())])
     proposer = rt.proposer("eagle", 1)
     proposer.start(row, feats)
+    proposer._catch_up(0)
     root_feat = proposer.root_feat[0].copy()
     expanded, real = [], eagle_module.dynamic_tree
 
@@ -329,6 +332,7 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
             a = a.parent
         fresh = rt.proposer("eagle", 1)
         fresh.start(row, feats)
+        fresh._catch_up(0)
         f = root_feat
         for n in reversed(path):  # depth 1 .. node: one causal head row each
             fresh._chain(0, [n.tokens[-1]], f[None])
@@ -341,13 +345,13 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_batched_rows_equal_batch1(rt, sampled):
     """Rows of different prompt lengths (different tree positions, padding), finishing at different steps."""
-    done = assert_batched_rows_equal_batch1(rt, "eagle", PROMPTS + [LONG], [12, 9, 16, 5], sampled=sampled)
+    done = assert_batched_rows_equal_batch1(rt, "eagle", PROMPTS + [LONG], [12, 9, 16, 5], sampled=sampled, gamma=1)
     assert sum(d[3]["accepted"] for d in done.values()) > 0  # the trees really accepted candidates
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
 def test_batched_tree_path_is_exact(rt, target_model, sampling):
-    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "eagle", **sampling)
+    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "eagle", gamma=1, **sampling)
     pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > TRIALS / 5

@@ -89,31 +89,31 @@ def test_greedy_equals_plain(rt, tree):
         for prompt in PROMPTS:
             for max_new in (1, 2, 7, 20):
                 plain = rt.generate(prompt, max_new_tokens=max_new, method="none")
-                out = rt.generate(prompt, max_new_tokens=max_new, method="medusa")
+                out = rt.generate(prompt, max_new_tokens=max_new, method="medusa", gamma=1)
                 assert out.token_ids == plain.token_ids, (prompt, max_new)
                 assert out.finish_reason == plain.finish_reason
         stop = plain.token_ids[3]
-        out = rt.generate(prompt, max_new_tokens=20, method="medusa", stop_token_ids=[stop])
+        out = rt.generate(prompt, max_new_tokens=20, method="medusa", gamma=1, stop_token_ids=[stop])
         assert out.token_ids == plain.token_ids[: plain.token_ids.index(stop) + 1] and out.finish_reason == "stop"
     finally:
         rt.use_tree(TREE)
 
 
 def test_stats(rt):
-    s = rt.generate(PROMPT, max_new_tokens=20, method="medusa", temperature=1.0, seed=0).stats
+    s = rt.generate(PROMPT, max_new_tokens=20, method="medusa", gamma=1, temperature=1.0, seed=0).stats
     assert s["method"] == "medusa" and s["tree_size"] == 12 and s["tree_depth"] == 3
     assert len(s["per_depth_acceptance"]) == 3 and s["acceptance"] == "exact" and s["lossy"] is False
     assert s["tokens_per_pass"] == pytest.approx((s["accepted"] + s["rounds"]) / s["rounds"])
     assert sum(s["accept_length_histogram"]) == s["rounds"] and s["heads_passes"] == s["rounds"]
     assert s["per_depth_acceptance"] == sorted(s["per_depth_acceptance"], reverse=True)
-    typical = rt.generate(PROMPT, max_new_tokens=20, method="medusa", temperature=1.0, seed=0, acceptance="typical")
+    typical = rt.generate(PROMPT, max_new_tokens=20, method="medusa", gamma=1, temperature=1.0, seed=0, acceptance="typical")
     assert typical.stats["lossy"] is True and typical.stats["acceptance"] == "typical"
-    assert rt.generate(PROMPT, max_new_tokens=5, method="medusa", acceptance="typical").stats["lossy"] is False
+    assert rt.generate(PROMPT, max_new_tokens=5, method="medusa", gamma=1, acceptance="typical").stats["lossy"] is False
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)], ids=str)
 def test_tree_verification_is_exact(rt, target_model, sampling):
-    counts, totals = run_trials(rt, PROMPT, TRIALS, V, method="medusa", **sampling)
+    counts, totals = run_trials(rt, PROMPT, TRIALS, V, method="medusa", gamma=1, **sampling)
     pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > TRIALS / 5  # the trees really accepted candidates
@@ -135,13 +135,13 @@ def children_each_get_a_coin(tree, tokens, logits, params, rng):
 
 def test_harness_has_power_against_a_wrong_tree_rule(rt, target_model, monkeypatch):
     monkeypatch.setattr(verify, "verify_tree_sampled", children_each_get_a_coin)
-    counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="medusa", temperature=1.0)
+    counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="medusa", gamma=1, temperature=1.0)
     assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) < P_MIN
 
 
 def test_typical_acceptance_is_lossy(rt, target_model):
     """The opt-in typical rule visibly departs from the target's distribution (why it is labelled lossy)."""
-    counts, _ = run_trials(rt, PROMPT, 1000, V, method="medusa", temperature=1.0, acceptance="typical")
+    counts, _ = run_trials(rt, PROMPT, 1000, V, method="medusa", gamma=1, temperature=1.0, acceptance="typical")
     assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) < P_MIN
 
 
@@ -178,7 +178,7 @@ class OracleOffLeftProposer(NoProposer):
 
 
 def medusa_core(rt, proposer) -> DecodeCore:
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", calibrate=False), proposer=proposer)
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", gamma=1, calibrate=False), proposer=proposer)
     return core
 
 
@@ -225,12 +225,12 @@ def test_tree_must_fit_the_engine(rt):
 
 def test_bad_arguments(rt, build_engine):
     with pytest.raises(SamplingError, match="acceptance"):
-        rt.generate([1], method="medusa", acceptance="bogus")
+        rt.generate([1], method="medusa", gamma=1, acceptance="bogus")
     with pytest.raises(SamplingError, match="only for method 'medusa'"):
         rt.generate([1], method="none", acceptance="typical")
     plain = specrt.load(build_engine("medusa_plain", dict(arch="llama", seed=5)))
     with pytest.raises(SamplingError, match="exported with --medusa"):
-        plain.generate([1], method="medusa")
+        plain.generate([1], method="medusa", gamma=1)
 
 
 def heads_for(tmp_path, hidden, vocab, name):
@@ -304,13 +304,33 @@ def test_cli_train_export_generate(trained, tmp_path):
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
 def test_batched_rows_equal_batch1(rt, sampled):
     """Rows of different prompt lengths (different tree positions, padding), finishing at different steps."""
-    done = assert_batched_rows_equal_batch1(rt, "medusa", PROMPTS + [[2, 4, 6, 8, 10, 12, 14, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5]], [12, 9, 16, 5], sampled=sampled)
+    done = assert_batched_rows_equal_batch1(rt, "medusa", PROMPTS + [[2, 4, 6, 8, 10, 12, 14, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5]], [12, 9, 16, 5], sampled=sampled, gamma=1)
     assert sum(d[3]["accepted"] for d in done.values()) > 0  # the trees really accepted candidates
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
 def test_batched_tree_path_is_exact(rt, target_model, sampling):
-    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "medusa", **sampling)
+    counts, totals = run_trials_batched(rt, PROMPT, TRIALS, V, "medusa", gamma=1, **sampling)
     pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > TRIALS / 5
+
+
+@pytest.mark.parametrize("tree_cost", [1.0, 12.0])
+def test_the_policy_turns_the_tree_on_and_off(rt, tree_cost):
+    """gamma None: the batch-aware policy decides per step whether the tree pays (here: synthetic costs of
+    T(1) = 1 and T(12) = tree_cost). Off, the rows decode plainly, with a probe tree every probe_every
+    steps; on, a tree every step. Either way greedy output equals plain decoding."""
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", calibrate=False, probe_every=4))
+    core.policy.record_target(1, 1, 1.0)
+    core.policy.record_target(1, 12, tree_cost)
+    core.add(SequenceRequest("r", PROMPT, SamplingParams(max_new_tokens=12)))  # a tree always fits max_len 32
+    row = core.rows[0]
+    while core.rows:
+        update = core.step()[0][0]
+    assert update.token_ids == rt.generate(PROMPT, max_new_tokens=12, method="none").token_ids
+    trees, plain = row.counts.rounds, row.counts.fallback_steps
+    if tree_cost == 1.0:
+        assert trees > 0 and plain <= 1  # on (plain only for the last token)
+    else:
+        assert 0 < trees <= plain / 3  # off, probing
