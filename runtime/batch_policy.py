@@ -148,7 +148,8 @@ class PolicyConfig:
     gamma_max: int  # largest γ (the exported verify shape - 1)
     fixed_gamma: int | None = None  # run this γ every step (0 = off): forced on/off; None = the policy decides
     speculation_max_batch: int | None = None  # measured cap from the manifest's defaults (None = no cap)
-    probe_every: int = 16  # steps decided at γ = 0 before one probe step at γ = 1 (keeps α measured)
+    probe_every: int = 16  # steps decided at γ = 0 before one probe step at γ = 1 (keeps α measured);
+    # a tree method doubles the interval after each probe that leaves it off (up to 16x), back on: reset
     draft_cost: bool = True  # whether proposals cost draft passes (False for n-gram lookup)
     tree: tuple[int, int] | None = None  # (nodes, depth) of a tree method: γ is 0 (plain) or 1 (verify the tree)
 
@@ -166,6 +167,7 @@ class SpeculationPolicy:
         self.target_curve = target_curve if target_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one target pass
         self.draft_curve = draft_curve if draft_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one draft pass
         self._idle_steps = 0
+        self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
 
     def record_target(self, batch: int, q: int, seconds: float) -> None:
@@ -192,11 +194,14 @@ class SpeculationPolicy:
                          cfg.speculation_max_batch, cfg.tree)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0:
             self._idle_steps += 1
-            if self._idle_steps >= cfg.probe_every:
+            if self._idle_steps >= self._probe_interval:
                 self._idle_steps = 0
+                if cfg.tree is not None:  # a tree probe is expensive: back off while the tree keeps losing
+                    self._probe_interval = min(2 * self._probe_interval, 16 * cfg.probe_every)
                 d = PolicyDecision(1, d.predicted_speedup, "probe")
         else:
             self._idle_steps = 0
+            self._probe_interval = cfg.probe_every
         self.last = d
         return d
 

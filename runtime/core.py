@@ -126,6 +126,7 @@ class DecodeCore:
             draft_cost=config.method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
         self.rows: list[Row] = []  # rows[i].slot == i
         self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
+        self._probes = 0  # tree probes so far (each probes one row, in turn)
         if config.calibrate and config.method != "none":
             self.calibrate()
 
@@ -192,6 +193,9 @@ class DecodeCore:
         rows = list(self.rows)
         decision = self.policy.decide([r.alpha.alpha for r in rows])
         ks = [self._room(row, decision.gamma) for row in rows]
+        if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
+            self._probes += 1
+            ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
         drafting = [r for r, k in zip(rows, ks) if k]
         t1 = time.perf_counter()
         proposals = self._timed(self.proposer.propose, drafting, rows, ks)
