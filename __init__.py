@@ -15,4 +15,19 @@ def load(engine_dir, backend: str = "ort", **engine_options):
     return Runtime.load(engine_dir, backend=backend, **engine_options)
 
 
-__all__ = ["load", "__version__"]
+_ERRORS = {  # name -> module; imported on first use, so `import specrt` stays light
+    "EngineError": "engines.base", "SamplingError": "runtime.sampling", "PromptTooLongError": "runtime.runtime",
+    "TreeError": "trees", "ExportError": "export.onnx_export",
+}
+
+
+def __getattr__(name):
+    """The error classes a caller may catch: ``except specrt.EngineError`` etc."""
+    if name in _ERRORS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_ERRORS[name]}", __name__), name)
+    raise AttributeError(f"module 'specrt' has no attribute {name!r}")
+
+
+__all__ = ["load", "__version__", *_ERRORS]

@@ -15,6 +15,7 @@ class OrtEngine:
     "cuda", "tensorrt" are accepted. ``CUDAExecutionProvider`` / ``TensorrtExecutionProvider``
     need onnxruntime-gpu (and TensorRT for the latter). provider_options: {provider: {key: value}}.
     threads: intra-op threads (default: ORT's choice, one per physical core).
+    device: "cpu" (the default) or "cuda" (= providers ["cuda"]), as for the torch backend.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -23,12 +24,17 @@ class OrtEngine:
     """
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
-                 provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0):
+                 provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
+                 device: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
         if not path.is_file():
             raise EngineError(f"graph file missing: {path}")
+        if device is not None:  # the other backends' device option: "cpu", or "cuda" = the CUDA provider
+            if device not in ("cpu", "cuda"):
+                raise EngineError(f"device must be 'cpu' or 'cuda' for the ort backend, got {device!r}")
+            providers = providers or (["cuda"] if device == "cuda" else None)
         available = ort.get_available_providers()
         providers = [PROVIDER_ALIASES.get(p, p) for p in (providers or ["CPUExecutionProvider"])]
         missing = [p for p in providers if p not in available]

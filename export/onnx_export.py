@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -18,6 +20,7 @@ import torch
 
 from .. import __version__
 from ..contract import io_names
+from ..engines import EngineError
 from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab_match, load_manifest, _graph
 from ..engines.ort import OrtEngine
 from .medusa_heads import export_heads_graph
@@ -179,8 +182,14 @@ def eos_ids(model_dir: Path, model) -> list[int]:
 
 
 def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print,
-                  medusa_dir=None, tree=None, eagle_dir=None, eagle_tree: dict | None = None) -> Path:
+                  medusa_dir=None, tree=None, eagle_dir=None, eagle_tree: dict | None = None,
+                  force: bool = False) -> Path:
     """Export target (and draft) to ``out_dir``; validates and returns the engine dir.
+
+    Atomic: everything is written into a hidden sibling dir, which replaces ``out_dir`` only once
+    every graph passed its parity check and the manifest validates; a failed or interrupted export
+    leaves nothing at ``out_dir``. An existing non-empty ``out_dir`` is refused unless ``force``
+    (then replaced whole, never mixed with what was there).
 
     With ``medusa_dir`` (a heads dir from `specrt train medusa`) and ``tree`` (a compiled
     ``runtime.tree.Tree``), the target also outputs ``hidden``, gets the tree-verify shape
@@ -194,11 +203,48 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
         raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
                           f"dtype={cfg.dtype!r} (fp32|fp16)")
-    target_dir, out = Path(target_dir), Path(out_dir)
+    target_dir, final = Path(target_dir), Path(out_dir)
     tok_src = target_dir / "tokenizer.json"
     if not tok_src.is_file():
         raise ExportError(f"{target_dir} has no tokenizer.json (a fast HF tokenizer is required)")
-    out.mkdir(parents=True, exist_ok=True)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())) and not force:
+        raise ExportError(f"{final} exists and is not empty: pass --force (force=True) to replace it whole")
+    if draft_dir:
+        check_draft_vocab(target_dir, Path(draft_dir))  # before any graph is exported
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    try:
+        _export_into(out, target_dir, tok_src, draft_dir, cfg, log, medusa_dir, tree, eagle_dir, eagle_tree)
+    except BaseException:  # failed, or interrupted (KeyboardInterrupt): nothing half-written is left behind
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        out.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        out.rename(final)
+    return final
+
+
+def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:
+    """A draft must score the same token ids as the target: the same vocabulary size and tokenizer."""
+    if not (draft_dir / "tokenizer.json").is_file():
+        raise ExportError(f"draft {draft_dir} has no tokenizer.json: cannot check it shares the target's vocabulary")
+    sizes = [json.loads((d / "config.json").read_text()).get("vocab_size") if (d / "config.json").is_file() else None
+             for d in (target_dir, draft_dir)]
+    if None not in sizes and sizes[0] != sizes[1]:
+        raise EngineError(f"draft vocabulary differs from the target's: draft has {sizes[1]} logits, target {sizes[0]}")
+    tv, dv = vocab_sha256(target_dir / "tokenizer.json"), vocab_sha256(draft_dir / "tokenizer.json")
+    if tv != dv:
+        raise EngineError("draft vocabulary differs from the target's: same size but different tokenizer "
+                          f"vocabularies (sha256 {dv[:12]} vs {tv[:12]})")
+
+
+def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: ExportConfig, log, medusa_dir, tree,
+                 eagle_dir, eagle_tree) -> None:
+    """The export itself, into the (new, empty) dir ``out``."""
     (out / "tokenizer").mkdir(exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (target_dir / name).is_file():
@@ -277,7 +323,6 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         manifest["eagle"] = eagle
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     load_manifest(out)
-    return out
 
 
 def _check_medusa(medusa_dir, tree):

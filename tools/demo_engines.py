@@ -23,7 +23,7 @@ def demo_engine_dir(gamma: int = 4, max_len: int = 1024, log=print) -> Path:
 
         log(f"exporting the demo pair to {out} (once) ...")
         export_engine(DEMO_MODELS / "target", out, draft_dir=DEMO_MODELS / "draft",
-                      cfg=ExportConfig(gamma=gamma, max_len=max_len), log=log)
+                      cfg=ExportConfig(gamma=gamma, max_len=max_len), log=log, force=True)  # our own cache dir
     return out
 
 
@@ -36,5 +36,6 @@ def tree_engine(kind: str) -> Path:
     if not (out / "manifest.json").is_file():
         extra = ({"medusa_dir": DEMO_MODELS / "medusa", "tree": load_tree("medusa-8")} if kind == "medusa"
                  else {"eagle_dir": DEMO_MODELS / "eagle"})
-        export_engine(DEMO_MODELS / "target", out, cfg=ExportConfig(max_len=1024), log=lambda *_: None, **extra)
+        export_engine(DEMO_MODELS / "target", out, cfg=ExportConfig(max_len=1024), log=lambda *_: None, force=True,
+                      **extra)
     return out

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import ARCHS
+from tiny import ARCHS, make_model
 from reference import fresh_runner
 from specrt.engines import OrtEngine
-from specrt.export.onnx_export import example_tree_mask, load_hf, random_feeds
+from specrt.export.onnx_export import ExportConfig, example_tree_mask, load_hf, random_feeds
 from specrt.engines.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
 
 TOL = 1e-4  # max |ORT - torch| on logits and K/V for these fp32 tiny models (logits scaled to O(10))
@@ -114,3 +114,75 @@ def test_fp16_export(build_engine):
     a = specrt.load(fp32).generate([3, 1, 4], max_new_tokens=10, method="none").token_ids
     b = specrt.load(fp16).generate([3, 1, 4], max_new_tokens=10, method="ngram").token_ids
     assert a == b
+
+
+# ---- an engine dir appears whole or not at all ----------------------------------------------------------
+def _tiny_pair(tmp_path):
+    t = make_model(tmp_path / "t", arch="llama", vocab_size=32, hidden=16, layers=1, seed=3)
+    return t, ExportConfig(gamma=2, max_len=16, prefill_chunk=4)
+
+
+def test_export_into_an_existing_engine_dir_needs_force(tmp_path):
+    from specrt.engines.manifest import load_manifest
+    from specrt.export.onnx_export import ExportError, export_engine
+
+    t, cfg = _tiny_pair(tmp_path)
+    out = export_engine(t, tmp_path / "e", cfg=cfg, log=lambda *_: None)
+    m = json.loads((out / "manifest.json").read_text())
+    m["defaults"]["gamma"] = 1  # what `specrt profile --write-defaults` writes
+    (out / "manifest.json").write_text(json.dumps(m))
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ExportError, match="exists and is not empty: pass --force"):
+        export_engine(t, out, cfg=cfg, log=lambda *_: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # untouched
+    (out / "draft.onnx").write_bytes(b"stale")
+    export_engine(t, out, cfg=cfg, log=lambda *_: None, force=True)
+    assert not (out / "draft.onnx").exists() and load_manifest(out).defaults["gamma"] is None  # replaced whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".e.")] == []  # nothing left beside it
+    export_engine(t, tmp_path / "empty", cfg=cfg, log=lambda *_: None)  # an empty dir is no engine dir: fine
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyboardInterrupt()], ids=["failure", "ctrl-c"])
+def test_a_failed_or_interrupted_export_leaves_nothing(tmp_path, monkeypatch, error):
+    from specrt.export import onnx_export
+
+    t, cfg = _tiny_pair(tmp_path)
+    d = make_model(tmp_path / "d", arch="llama", vocab_size=32, hidden=16, layers=1, seed=4)
+    real, calls = onnx_export.export_graph, []
+
+    def fail_on_the_draft(model, path, role_cfg):
+        calls.append(path.name)
+        if path.name == "draft.onnx":  # the target's graph is already written
+            raise error
+        return real(model, path, role_cfg)
+
+    monkeypatch.setattr(onnx_export, "export_graph", fail_on_the_draft)
+    with pytest.raises(type(error)):
+        onnx_export.export_engine(t, tmp_path / "e", draft_dir=d, cfg=cfg, log=lambda *_: None)
+    assert calls == ["target.onnx", "draft.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "t"]  # no engine dir, no partial dir
+
+
+def test_a_draft_of_another_vocabulary_is_refused_before_any_graph(tmp_path, monkeypatch):
+    from specrt.engines import EngineError
+    from specrt.export import onnx_export
+
+    t, cfg = _tiny_pair(tmp_path)
+    d = make_model(tmp_path / "d", arch="llama", vocab_size=40, hidden=16, layers=1, seed=4)
+    monkeypatch.setattr(onnx_export, "export_graph", lambda *a: pytest.fail("a graph was exported"))
+    with pytest.raises(EngineError, match="draft vocabulary differs.*40 logits, target 32"):
+        onnx_export.export_engine(t, tmp_path / "e", draft_dir=d, cfg=cfg, log=lambda *_: None)
+    assert not list(tmp_path.rglob("*.onnx")) and not (tmp_path / "e").exists()
+
+
+def test_cli_export_refuses_an_existing_dir_without_force(tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.tools.cli import cli
+
+    t, _ = _tiny_pair(tmp_path)
+    args = ["export", "--target", str(t), "--out", str(tmp_path / "e"), "--max-len", "16", "--prefill-chunk", "4"]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code != 0 and "--force" in res.output and "Traceback" not in res.output
+    assert CliRunner().invoke(cli, args + ["--force"]).exit_code == 0

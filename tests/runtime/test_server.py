@@ -479,5 +479,5 @@ def test_cli_serve_refuses_a_method_the_engine_dir_lacks(llama_engine):
         res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--method", method])
         assert res.exit_code != 0 and f"needs an engine dir exported with {flag}" in res.output, res.output
         assert "Traceback" not in res.output
-    res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--device", "cuda"])
-    assert res.exit_code != 0 and "--device needs --backend torch" in res.output
+    res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--device", "gpu"])
+    assert res.exit_code != 0 and "'gpu' is not one of 'cpu', 'cuda'" in res.output

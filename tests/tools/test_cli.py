@@ -35,7 +35,7 @@ def test_export_then_generate(runner, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "temperature must be"),
     (["--top-p", "2"], "top_p must be"),
-    (["--method", "bogus"], "unknown method"),
+    (["--method", "bogus"], "'bogus' is not one of 'none', 'draft', 'ngram', 'medusa', 'eagle'"),
 ])
 def test_generate_bad_arguments(runner, llama_engine, args, message):
     res = runner.invoke(cli, ["generate", str(llama_engine), "--prompt", "hi", *args])
@@ -71,3 +71,20 @@ def test_generate_with_torch_backend_equals_ort(runner, tmp_path):
         assert res.exit_code == 0, res.output
         outs[backend] = json.loads(res.stdout)["token_ids"]
     assert outs["ort"] == outs["torch"] and len(outs["ort"]) > 0
+
+
+def test_device_threads_version_and_errors(tmp_path, llama_engine):
+    """--device cpu works with the default ort backend (it was a traceback), --threads reaches the session,
+    -V prints the version, and the error classes are importable from specrt."""
+    import specrt
+
+    res = CliRunner().invoke(cli, ["generate", str(llama_engine), "--prompt", "ab", "--max-new-tokens", "3",
+                                   "--device", "cpu", "--threads", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    rt = specrt.load(llama_engine, device="cpu", threads=1)
+    assert rt.target.engine.session.get_session_options().intra_op_num_threads == 1
+    with pytest.raises(specrt.EngineError, match="device must be 'cpu' or 'cuda'"):
+        specrt.load(llama_engine, device="tpu")
+    assert CliRunner().invoke(cli, ["-V"]).output.strip().endswith(specrt.__version__)
+    for name in ("EngineError", "SamplingError", "PromptTooLongError", "TreeError", "ExportError"):
+        assert issubclass(getattr(specrt, name), Exception)

@@ -1,4 +1,4 @@
-"""The `specrt` command: one thin module per subcommand (tools/cmd_*.py)."""
+"""The `specrt` command: one thin module per subcommand (tools/cli/*.py)."""
 from __future__ import annotations
 
 import click
@@ -14,7 +14,7 @@ from .train import train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="specrt")
+@click.version_option(__version__, "-V", "--version", prog_name="specrt")
 def cli():
     """specrt: export HF causal LMs to ONNX and run exact speculative decoding."""
 

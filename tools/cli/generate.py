@@ -16,10 +16,13 @@ from .options import load_runtime, sampling_options, summary_line
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (token_ids, text, stats) instead.")
 @click.option("--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch", "trt"]),
               help="ort: ONNX Runtime; torch: needs `export --torch-weights`; trt: needs `export --trt`.")
-@click.option("--device", default=None, help="torch/trt backends: cpu | cuda (default: cpu for torch).")
-def generate(engine_dir, prompt, as_json, backend, device, **sampling):
+@click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]),
+              help="cpu | cuda (default: cpu; ort: cuda = the CUDA execution provider, needs onnxruntime-gpu).")
+@click.option("--threads", default=None, type=click.IntRange(1), help="ONNX Runtime intra-op threads (default: ORT's).")
+def generate(engine_dir, prompt, as_json, backend, device, threads, **sampling):
     """Generate a continuation of --prompt, streaming text, then a one-line summary."""
-    rt = load_runtime(engine_dir, backend=backend, **({"device": device} if device else {}))
+    options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
+    rt = load_runtime(engine_dir, backend=backend, **options)
     try:
         gen = rt.stream(prompt, **sampling)
         if as_json:

@@ -27,7 +27,8 @@ from .options import load_runtime
               help="ONNX Runtime intra-op threads (default: ORT's choice).")
 @click.option("--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]),
               help="Graph backend: ONNX Runtime, or torch over the engine dir's HF weights (export --torch-weights).")
-@click.option("--device", default=None, help="torch backend: cpu | cuda (default: cpu).")
+@click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]),
+              help="cpu | cuda (default: cpu; ort: cuda = the CUDA execution provider, needs onnxruntime-gpu).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
@@ -42,11 +43,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
     except ImportError as e:
         raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
                                    f"pip install 'specrt[serve]' ({e})")
-    options = {"threads": threads} if threads else {}
-    if device:
-        if backend != "torch":
-            raise click.ClickException("--device needs --backend torch")
-        options["device"] = device
+    options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
     rt = load_runtime(engine_dir, backend=backend, **options)
     name = model_name or Path(engine_dir).resolve().name
     try:
