@@ -6,12 +6,14 @@ absolute logits difference exceeds the tolerance for its dtype (``TOLERANCE``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -183,7 +185,7 @@ def eos_ids(model_dir: Path, model) -> list[int]:
 
 def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print,
                   medusa_dir=None, tree=None, eagle_dir=None, eagle_tree: dict | None = None,
-                  force: bool = False) -> Path:
+                  force: bool = False, verbose: bool = False) -> Path:
     """Export target (and draft) to ``out_dir``; validates and returns the engine dir.
 
     Atomic: everything is written into a hidden sibling dir, which replaces ``out_dir`` only once
@@ -214,7 +216,8 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     final.parent.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
     try:
-        _export_into(out, target_dir, tok_src, draft_dir, cfg, log, medusa_dir, tree, eagle_dir, eagle_tree)
+        with quiet(verbose):
+            _export_into(out, target_dir, tok_src, draft_dir, cfg, log, medusa_dir, tree, eagle_dir, eagle_tree)
     except BaseException:  # failed, or interrupted (KeyboardInterrupt): nothing half-written is left behind
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -226,6 +229,27 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     else:
         out.rename(final)
     return final
+
+
+@contextlib.contextmanager
+def quiet(verbose: bool):
+    """Silence torch.onnx's TracerWarnings and transformers' logging and progress bars (unless verbose)."""
+    if verbose:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:

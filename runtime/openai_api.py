@@ -1,4 +1,4 @@
-"""The OpenAI-compatible surface of `specrt serve`: request schemas, chat templates, response bodies.
+"""The OpenAI-compatible surface of `specrt serve`: request schemas and response bodies (chat templates: runtime/chat.py).
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
 400 with an OpenAI-style error body (``error_body``), never silently ignored.
@@ -8,18 +8,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 STRICT = ConfigDict(extra="forbid", strict=True)
-
-# Used when the tokenizer config has no chat_template: one "role: content" line per message, then
-# "assistant:" for the model to continue.
-DEFAULT_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
-                         "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
-
 
 class ApiError(Exception):
     """An error answered with ``status`` and an OpenAI-style body."""
@@ -113,48 +106,6 @@ def _is_union_tag(part) -> bool:
     """pydantic puts the union member tried into error locations ("str", "list[int]", "TextPart"): drop it."""
     return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part
                                       or part[:1].isupper())
-
-
-class ChatTemplate:
-    """The tokenizer config's ``chat_template`` (Jinja, rendered as HF transformers does), or the default."""
-
-    def __init__(self, tokenizer_dir: Path | None):
-        config = {}
-        path = Path(tokenizer_dir) / "tokenizer_config.json" if tokenizer_dir else None
-        if path is not None and path.is_file():
-            config = json.loads(path.read_text())
-        source = config.get("chat_template")
-        if isinstance(source, list):  # [{"name": ..., "template": ...}]: use "default"
-            source = next((t["template"] for t in source if t.get("name") == "default"), None)
-        self.is_default = not source  # no template in the tokenizer config
-        self.source = source or DEFAULT_CHAT_TEMPLATE
-        self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
-        self.template = env.from_string(self.source)
-
-    def render(self, messages: list[dict]) -> str:
-        """messages: [{"role", "content"}] -> the prompt text, ending where the assistant's reply starts."""
-        try:
-            return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
-        except TemplateInputError as e:
-            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
-
-
-class TemplateInputError(Exception):
-    pass
-
-
-def _raise_template_error(message: str):
-    raise TemplateInputError(message)
-
-
-def _token_text(token) -> str:
-    if isinstance(token, dict):  # {"content": "<s>", ...}
-        return token.get("content", "")
-    return token or ""
 
 
 # ---- responses --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import CoreConfig, DecodeCore
-from .openai_api import (ApiError, ChatCompletionRequest, ChatTemplate, CompletionRequest, chat_body, chat_chunk,
+from .chat import ChatTemplate, TemplateInputError
+from .openai_api import (ApiError, ChatCompletionRequest, CompletionRequest, chat_body, chat_chunk,
                          completion_body, completion_chunk, error_body, new_id, parse_request, speculation_field,
                          sse, usage, usage_chunk)
 from .runtime import PromptTooLongError
@@ -171,7 +172,10 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         authorize(request)
         req = parse_request(await request.body(), ChatCompletionRequest)
         check_model(req.model)
-        prompt = template.render([{"role": m.role, "content": m.text()} for m in req.messages])
+        try:
+            prompt = template.render([{"role": m.role, "content": m.text()} for m in req.messages])
+        except TemplateInputError as e:
+            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
         ids = encode(prompt)
         params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
         return await generate(request, t0, ids, params, req, chat=True)

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import specrt
 from specrt.runtime.core import CoreConfig
-from specrt.runtime.openai_api import ApiError, ChatTemplate
+from specrt.runtime.chat import ChatTemplate, TemplateInputError
 from specrt.runtime.server import BackgroundServer, ServerConfig, create_app
 
 KEY = "test-key"
@@ -374,7 +374,7 @@ def test_chat_template_from_tokenizer_config(tmp_path):
     strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok"
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
         {"name": "tool_use", "template": "x"}, {"name": "default", "template": strict}]}))
-    with pytest.raises(ApiError, match="user first"):
+    with pytest.raises(TemplateInputError, match="user first"):  # the server answers it with a 400
         ChatTemplate(tmp_path).render([{"role": "system", "content": "s"}])
     assert ChatTemplate(tmp_path).render([{"role": "user", "content": "s"}]) == "ok"
 

@@ -88,3 +88,60 @@ def test_device_threads_version_and_errors(tmp_path, llama_engine):
     assert CliRunner().invoke(cli, ["-V"]).output.strip().endswith(specrt.__version__)
     for name in ("EngineError", "SamplingError", "PromptTooLongError", "TreeError", "ExportError"):
         assert issubclass(getattr(specrt, name), Exception)
+
+
+def test_generate_prompt_file_stdin_and_chat(llama_engine, tmp_path):
+    import specrt
+
+    rt = specrt.load(llama_engine)
+    want = rt.generate("ab c", max_new_tokens=4, method="none").token_ids
+    base = ["generate", str(llama_engine), "--max-new-tokens", "4", "--method", "none", "--json"]
+    res = CliRunner().invoke(cli, base + ["--prompt-file", "-"], input="ab c")
+    assert res.exit_code == 0 and json.loads(res.output)["token_ids"] == want, res.output
+    (tmp_path / "p.txt").write_text("ab c")
+    assert json.loads(CliRunner().invoke(cli, base + ["--prompt-file", str(tmp_path / "p.txt")]).output)["token_ids"] == want
+    chat = rt.generate("system: be brief\nuser: hi\nassistant:", max_new_tokens=4, method="none").token_ids
+    res = CliRunner().invoke(cli, base + ["--prompt", "hi", "--chat", "--system", "be brief"])
+    assert res.exit_code == 0 and json.loads(res.output)["token_ids"] == chat  # the server's default template
+    for bad, message in ((["--prompt", "a", "--prompt-file", "-"], "exactly one of"), ([], "exactly one of"),
+                         (["--prompt", "a", "--system", "s"], "--system needs --chat")):
+        res = CliRunner().invoke(cli, ["generate", str(llama_engine), *bad])
+        assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
+
+
+def test_ctrl_c_exits_130_with_a_summary(llama_engine, monkeypatch, capsys):
+    """SIGINT mid-generation: what was produced so far, then exit code 130 (not a traceback, not 1)."""
+    import importlib
+    import sys
+
+    import specrt
+    from specrt.tools import cli as cli_package
+
+    generate_module = importlib.import_module("specrt.tools.cli.generate")  # (the package's `generate` is the command)
+
+    class Interrupted:
+        def __init__(self, rt):
+            self.rt = rt
+
+        def __getattr__(self, name):
+            return getattr(self.rt, name)
+
+        def stream(self, *args, **kwargs):
+            gen = self.rt.stream(*args, **kwargs)
+            inner = iter(gen)
+
+            def events():
+                yield next(inner)
+                yield next(inner)
+                raise KeyboardInterrupt
+
+            gen._events = events()
+            return gen
+
+    monkeypatch.setattr(generate_module, "load_runtime", lambda d, **kw: Interrupted(specrt.load(d)))
+    monkeypatch.setattr(sys, "argv", ["specrt", "generate", str(llama_engine), "--prompt", "ab", "--method", "none"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_package.main()
+    assert exit_info.value.code == 130
+    err = capsys.readouterr().err
+    assert "interrupted after 2 tokens" in err and "Traceback" not in err

@@ -24,4 +24,16 @@ for command in (export, generate, demo, bench, profile, train, serve):
 
 
 def main():
-    cli()
+    """The console entry point: Ctrl-C ends any command with exit code 130 (the shell's convention)."""
+    import sys
+
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        click.echo("specrt: interrupted", err=True)
+        sys.exit(130)

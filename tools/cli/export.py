@@ -10,6 +10,7 @@ import click
 @click.option("--draft", type=click.Path(exists=True, file_okay=False), help="Local HF checkpoint dir of a draft model.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Engine dir to write.")
 @click.option("--force", is_flag=True, help="Replace an existing engine dir at --out (whole; it is never mixed).")
+@click.option("--verbose", is_flag=True, help="Show the tracer's warnings and transformers' loading bars.")
 @click.option("--gamma", default=4, show_default=True, type=click.IntRange(1, 64),
               help="Chain-verify draft length (verify shape gamma+1; the adaptive maximum).")
 @click.option("--max-len", default=2048, show_default=True, type=click.IntRange(2), help="KV cache capacity in tokens.")
@@ -32,7 +33,7 @@ import click
 @click.option("--trt", "trt", is_flag=True, help="Also build a TensorRT plan per graph (needs tensorrt and a GPU).")
 @click.option("--trt-precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
               help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
-def export(target, draft, out, force, gamma, max_len, dtype, prefill_chunk, medusa_dir, tree, torch_weights, trt,
+def export(target, draft, out, force, verbose, gamma, max_len, dtype, prefill_chunk, medusa_dir, tree, torch_weights, trt,
            trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5, eagle_topk=8):
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json.
 
@@ -60,7 +61,7 @@ def export(target, draft, out, force, gamma, max_len, dtype, prefill_chunk, medu
         if eagle_dir:
             medusa.update(eagle_dir=eagle_dir, eagle_tree={"nodes": eagle_nodes, "depth": eagle_depth,
                                                            "topk": eagle_topk})
-        path = export_engine(target, out, draft_dir=draft, cfg=cfg, log=click.echo, force=force, **medusa)
+        path = export_engine(target, out, draft_dir=draft, cfg=cfg, log=click.echo, force=force, verbose=verbose, **medusa)
     except (ExportError, UnsupportedArchitecture, EngineError, TreeError) as e:
         raise click.ClickException(str(e))
     if trt:
