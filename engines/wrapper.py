@@ -44,7 +44,12 @@ class UnsupportedArchitecture(ValueError):
 
 
 def check_architecture(model) -> str:
-    arch = type(model).__name__
+    """The model's architecture name, or UnsupportedArchitecture naming the supported ones."""
+    return check_architecture_name(type(model).__name__)
+
+
+def check_architecture_name(arch: str) -> str:
+    """As ``check_architecture``, from the name a checkpoint's config.json lists (no weights loaded)."""
     if arch not in SUPPORTED_ARCHITECTURES:
         names = ", ".join(SUPPORTED_ARCHITECTURES)
         raise UnsupportedArchitecture(f"architecture {arch!r} is not supported; supported: {names}")

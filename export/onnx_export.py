@@ -211,8 +211,10 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         raise ExportError(f"{target_dir} has no tokenizer.json (a fast HF tokenizer is required)")
     if final.exists() and (not final.is_dir() or any(final.iterdir())) and not force:
         raise ExportError(f"{final} exists and is not empty: pass --force (force=True) to replace it whole")
+    for src in (target_dir, *([Path(draft_dir)] if draft_dir else [])):  # the cheap checks, before any graph
+        check_checkpoint_architecture(src)
     if draft_dir:
-        check_draft_vocab(target_dir, Path(draft_dir))  # before any graph is exported
+        check_draft_vocab(target_dir, Path(draft_dir))
     final.parent.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
     try:
@@ -250,6 +252,17 @@ def quiet(verbose: bool):
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def check_checkpoint_architecture(model_dir: Path) -> None:
+    """Refuse an unsupported architecture from the checkpoint's config.json, before loading any weights."""
+    from ..engines.wrapper import check_architecture_name
+
+    config = model_dir / "config.json"
+    if not config.is_file():
+        raise ExportError(f"{model_dir} is not a Hugging Face model dir (no config.json)")
+    for arch in json.loads(config.read_text()).get("architectures") or []:
+        check_architecture_name(arch)
 
 
 def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:

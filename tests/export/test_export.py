@@ -186,3 +186,18 @@ def test_cli_export_refuses_an_existing_dir_without_force(tmp_path):
     res = CliRunner().invoke(cli, args)
     assert res.exit_code != 0 and "--force" in res.output and "Traceback" not in res.output
     assert CliRunner().invoke(cli, args + ["--force"]).exit_code == 0
+
+
+def test_an_unsupported_draft_is_refused_before_any_graph(tmp_path, monkeypatch):
+    import transformers as tf
+
+    from specrt.export import onnx_export
+
+    t, cfg = _tiny_pair(tmp_path)
+    neox = tf.GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=64)
+    tf.GPTNeoXForCausalLM(neox).save_pretrained(tmp_path / "d")
+    monkeypatch.setattr(onnx_export, "export_graph", lambda *a: pytest.fail("a graph was exported"))
+    with pytest.raises(UnsupportedArchitecture, match="'GPTNeoXForCausalLM' is not supported"):
+        onnx_export.export_engine(t, tmp_path / "e", draft_dir=tmp_path / "d", cfg=cfg, log=lambda *_: None)
+    assert not (tmp_path / "e").exists()

@@ -48,8 +48,7 @@ def summary_line(stats: dict, finish_reason: str) -> str:
     s = (f"[{stats['method']}] {stats['new_tokens']} tokens in {stats['seconds']:.3f} s "
          f"({stats['tokens_per_second']:.1f} tok/s), {stats['target_passes']} target passes, finish: {finish_reason}")
     if stats["method"] != "none":
-        s += (f"; accepted {stats['accepted']}/{stats['proposed']} (rate {stats['acceptance_rate']:.2f}"
-              + (f", alpha {stats['alpha']:.2f}" if "alpha" in stats else "") + "), "
+        s += (f"; alpha {stats['alpha']:.2f} ({stats['accepted']} of {stats['proposed']} proposed tokens accepted), "
               f"{stats['tokens_per_pass']:.2f} tokens/pass, c {stats['c']:.3f}, "
               f"predicted speedup {stats['predicted_speedup']:.2f}x")
     if stats["method"] == "medusa":
