@@ -127,6 +127,21 @@ def bench_plain(a) -> dict:
     return {"rows": rows, "identical_tokens": same}
 
 
+class Progress:
+    """One line per finished row on stderr: what it measured, elapsed time and an ETA."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def row(self, name: str, result: dict) -> dict:
+        self.done += 1
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        print(f"[{self.done}/{self.total}] {name}: {result['tokens_per_second']:.0f} tok/s "
+              f"({elapsed:.0f} s elapsed, ~{eta:.0f} s left)", file=sys.stderr, flush=True)
+        return result
+
+
 def bench_spec(a) -> dict:
     import specrt
 
@@ -134,20 +149,21 @@ def bench_spec(a) -> dict:
 
     rt = specrt.load(demo_engine_dir())
     results = {}
+    specrt_rows = {"specrt plain": ("none", None), "specrt draft g=4": ("draft", 4), "specrt draft adaptive": ("draft", None),
+                   "specrt ngram g=4": ("ngram", 4), "specrt ngram adaptive": ("ngram", None)}
+    progress = Progress(4 * (len(specrt_rows) + (0 if a.skip_hf else 3)))
     for set_name, prompts in (("code", CODE[: a.prompts]), ("repetitive", REPETITIVE)):
         for temp in (0.0, 0.8):
             rt.generate(prompts[0], max_new_tokens=8, method="draft")  # warm-up + calibration
-            rows = {"specrt plain": run_specrt(rt, prompts, a.max_new_tokens, "none", temperature=temp),
-                    "specrt draft g=4": run_specrt(rt, prompts, a.max_new_tokens, "draft", 4, temp),
-                    "specrt draft adaptive": run_specrt(rt, prompts, a.max_new_tokens, "draft", None, temp),
-                    "specrt ngram g=4": run_specrt(rt, prompts, a.max_new_tokens, "ngram", 4, temp),
-                    "specrt ngram adaptive": run_specrt(rt, prompts, a.max_new_tokens, "ngram", None, temp)}
-            if not a.skip_hf:
-                rows["hf plain"] = run_hf(DEMO / "target", prompts, a.max_new_tokens, temp)
-                rows["hf assisted"] = run_hf(DEMO / "target", prompts, a.max_new_tokens, temp,
-                                             assistant_dir=DEMO / "draft")
-                rows["hf prompt lookup"] = run_hf(DEMO / "target", prompts, a.max_new_tokens, temp, prompt_lookup=4)
             key = f"{set_name} T={temp}"
+            rows = {name: progress.row(f"{key} {name}", run_specrt(rt, prompts, a.max_new_tokens, m, g, temp))
+                    for name, (m, g) in specrt_rows.items()}
+            if not a.skip_hf:
+                hf = {"hf plain": {}, "hf assisted": {"assistant_dir": DEMO / "draft"},
+                      "hf prompt lookup": {"prompt_lookup": 4}}
+                for name, kw in hf.items():
+                    rows[name] = progress.row(f"{key} {name}", run_hf(DEMO / "target", prompts, a.max_new_tokens,
+                                                                      temp, **kw))
             table(f"{key}: {len(prompts)} prompts x {a.max_new_tokens} tokens", rows, "specrt plain")
             if temp == 0.0:
                 base = rows["specrt plain"]["outputs"]
