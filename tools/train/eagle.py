@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .medusa import (CHECKPOINT, TrainError, encode_files, expand_paths, load_resume_state, sample_windows,
-                           save_resume_state, training_record, warmup_cosine_lr)
+from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, encode_files, expand_paths, load_resume_state,
+                     sample_windows, save_resume_state, training_record, warmup_cosine_lr)
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
 
@@ -143,29 +143,31 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(initial=step, total=cfg.steps, desc="eagle", disable=not progress)
     t0 = time.time()
-    while step < end:
-        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
-        with torch.no_grad():
-            o = model(input_ids=ids, output_hidden_states=True)
-        for g in opt.param_groups:
-            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
-        loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        record = {"step": step, "loss": round(loss.item(), 4), "feat": round(l_feat, 4), "cls": round(l_cls, 4)}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            record["eval"] = evaluate(model, head, windows)
-            bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 {record['eval']['top1']} "
-                      f"(top-5 {record['eval']['top5']})")
-        history.append(record)
-        if step % cfg.save_every == 0 or step == end:
-            seconds += time.time() - t0
-            t0 = time.time()
-            save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
+    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
+        while step < end:
+            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+            with torch.no_grad():
+                o = model(input_ids=ids, output_hidden_states=True)
+            for g in opt.param_groups:
+                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+            loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            record = {"step": step, "loss": round(loss.item(), 4), "feat": round(l_feat, 4), "cls": round(l_cls, 4)}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["eval"] = evaluate(model, head, windows)
+                bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 {record['eval']['top1']} "
+                          f"(top-5 {record['eval']['top5']})")
+            history.append(record)
+            if checkpoints.due(step):
+                seconds += time.time() - t0
+                t0 = time.time()
+                save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
+                checkpoints.saved(step, ckpt)
     bar.close()
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     done, final = result["finished"], result["accuracy"]

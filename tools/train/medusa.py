@@ -22,6 +22,8 @@ import argparse
 import glob
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -77,6 +79,43 @@ def training_record(cfg, history: list, seconds: float, target_dir: Path, train_
             "heldout_files": len(held), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
             "torch": torch.__version__, "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
             "final_loss": history[-1]["loss"] if history else None}
+
+
+class StepCheckpoints:
+    """When a training loop writes its resume checkpoint: every ``save_every`` steps, at the last step, at least
+    every ``save_seconds`` of wall time, and at the step boundary right after Ctrl-C, after which the run stops
+    with KeyboardInterrupt (``--resume`` then continues it bit for bit). A context manager: inside it, SIGINT
+    (on the main thread) only sets ``interrupted``; a second Ctrl-C interrupts at once."""
+
+    def __init__(self, save_every: int, end: int, log, save_seconds: float = 120.0):
+        self.save_every, self.end, self.log, self.save_seconds = save_every, end, log, save_seconds
+        self.interrupted = False
+        self._last = time.monotonic()
+        self._old = None
+
+    def __enter__(self) -> "StepCheckpoints":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+
+    def due(self, step: int) -> bool:
+        return (step % self.save_every == 0 or step == self.end or self.interrupted
+                or time.monotonic() - self._last > self.save_seconds)
+
+    def saved(self, step: int, ckpt: Path) -> None:
+        self._last = time.monotonic()
+        if self.interrupted:
+            self.log(f"interrupted: checkpoint of step {step} written to {ckpt}; --resume continues the run")
+            raise KeyboardInterrupt
 
 
 def save_resume_state(ckpt: Path, cfg, weights: dict, opt, step: int, rng, history: list, seconds: float) -> None:
@@ -238,29 +277,31 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(initial=step, total=cfg.steps, desc="medusa", disable=not progress)
     t0 = time.time()
-    while step < end:
-        ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
-        with torch.no_grad():
-            o = model(input_ids=ids, output_hidden_states=True)
-        for g in opt.param_groups:
-            g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
-        loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-        record = {"step": step, "loss": round(loss.item(), 4), "per_head": [round(x, 4) for x in per_head]}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            record["eval"] = evaluate(model, heads, windows, cfg)
-            bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 per head "
-                      f"{record['eval']['top1']} (top-5 {record['eval']['top5']})")
-        history.append(record)
-        if step % cfg.save_every == 0 or step == end:
-            seconds += time.time() - t0
-            t0 = time.time()
-            save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
+    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
+        while step < end:
+            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+            with torch.no_grad():
+                o = model(input_ids=ids, output_hidden_states=True)
+            for g in opt.param_groups:
+                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+            loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            record = {"step": step, "loss": round(loss.item(), 4), "per_head": [round(x, 4) for x in per_head]}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["eval"] = evaluate(model, heads, windows, cfg)
+                bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 per head "
+                          f"{record['eval']['top1']} (top-5 {record['eval']['top5']})")
+            history.append(record)
+            if checkpoints.due(step):
+                seconds += time.time() - t0
+                t0 = time.time()
+                save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
+                checkpoints.saved(step, ckpt)
     bar.close()
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     done, final = result["finished"], result["accuracy"]

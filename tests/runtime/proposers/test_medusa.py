@@ -334,3 +334,29 @@ def test_the_policy_turns_the_tree_on_and_off(rt, tree_cost):
         assert trees > 0 and plain <= 1  # on (plain only for the last token)
     else:
         assert 0 < trees <= plain / 3  # off, probing
+
+
+def test_ctrl_c_during_training_saves_a_checkpoint_that_resumes_bit_for_bit(trained, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from specrt.tools.train import medusa as medusa_train
+
+    cfg = TrainConfig(heads=2, steps=6, batch=4, seq=16, positions=6, eval_every=3, save_every=100, eval_windows=2)
+    args = (trained["target"], [str(trained["data"])])
+    full = train(*args, tmp_path / "full", cfg, progress=False, log=lambda *_: None)
+    real, calls = medusa_train.sample_windows, []
+
+    def interrupting(*a):
+        calls.append(1)
+        if len(calls) == 3:  # SIGINT in the middle of step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a)
+
+    monkeypatch.setattr(medusa_train, "sample_windows", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train(*args, tmp_path / "run", cfg, progress=False, log=lambda *_: None)
+    assert torch.load(tmp_path / "run" / medusa_train.CHECKPOINT, weights_only=False)["step"] == 3  # step 3 finished
+    monkeypatch.setattr(medusa_train, "sample_windows", real)
+    resumed = train(*args, tmp_path / "run", cfg, resume=True, progress=False, log=lambda *_: None)
+    assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in full["history"]]
