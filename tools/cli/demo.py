@@ -30,8 +30,8 @@ def demo(max_new_tokens, n_prompts, temperature):
     console = Console()
     rt = load_runtime(demo_engine())
     table = Table(title="specrt demo (ONNX Runtime, CPU)")
-    for col in ("prompt", "method", "tokens", "tok/s", "speedup", "alpha", "tokens/pass", "same as plain"):
-        table.add_column(col)
+    for col in ("prompt", "method", "tokens", "tok/s", "speedup", "alpha", "tok/pass", "= plain"):  # fits 80 columns
+        table.add_column(col, no_wrap=True)
     rt.generate(CODE[0], max_new_tokens=8, method="draft")  # warm-up and cost calibration
     for i, prompt in enumerate(CODE[:n_prompts]):
         plain = rt.generate(prompt, max_new_tokens=max_new_tokens, method="none", temperature=temperature, seed=i)

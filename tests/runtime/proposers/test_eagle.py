@@ -355,3 +355,10 @@ def test_batched_tree_path_is_exact(rt, target_model, sampling):
     pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > TRIALS / 5
+
+
+def test_stats_are_finite_on_a_fresh_runtime(engine):
+    """A fresh Runtime's first EAGLE request reports a measured c, not a division by an unmeasured T(1)."""
+    s = specrt.load(engine).generate(PROMPT, max_new_tokens=12, method="eagle", gamma=1).stats
+    assert s["rounds"] > 0 and 0 < s["c"] < 100 and 0 < s["verify_ratio"] < 100
+    assert np.isfinite(s["predicted_speedup"]) and s["predicted_speedup"] > 0
