@@ -16,6 +16,7 @@ class OrtEngine:
     need onnxruntime-gpu (and TensorRT for the latter). provider_options: {provider: {key: value}}.
     threads: intra-op threads (default: ORT's choice, one per physical core).
     device: "cpu" (the default) or "cuda" (= providers ["cuda"]), as for the torch backend.
+    spinning: whether idle intra-op pool threads spin waiting for work (None: ORT's default, on).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -25,7 +26,7 @@ class OrtEngine:
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
-                 device: str | None = None):
+                 device: str | None = None, spinning: bool | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -45,6 +46,8 @@ class OrtEngine:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             opts.intra_op_num_threads = threads
+        if spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         provider_options = provider_options or {}
         with_options = [(p, dict(provider_options.get(p, {}))) for p in providers]
         try:

@@ -22,13 +22,14 @@ def demo_engine(gamma: int = 4, max_len: int = 1024) -> Path:
 @click.option("--max-new-tokens", default=96, show_default=True, type=int)
 @click.option("--prompts", "n_prompts", default=3, show_default=True, type=click.IntRange(1, len(CODE)))
 @click.option("--temperature", default=0.0, show_default=True, type=float)
-def demo(max_new_tokens, n_prompts, temperature):
+@click.option("--threads", default=None, type=click.IntRange(1), help="ONNX Runtime intra-op threads (default: ORT's).")
+def demo(max_new_tokens, n_prompts, temperature, threads):
     """Run the demo model pair: plain vs speculative (draft model, n-gram) decoding on code prompts."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    rt = load_runtime(demo_engine())
+    rt = load_runtime(demo_engine(), **({"threads": threads} if threads else {}))
     table = Table(title="specrt demo (ONNX Runtime, CPU)")
     for col in ("prompt", "method", "tokens", "tok/s", "speedup", "alpha", "tok/pass", "= plain"):  # fits 80 columns
         table.add_column(col, no_wrap=True)
