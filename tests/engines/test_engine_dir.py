@@ -118,3 +118,10 @@ def test_runtime_runs_without_torch(llama_engine):
             "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_an_input_of_another_shape_or_dtype_is_named(engine_copy):
+    edit_manifest(engine_copy, lambda m: m["models"]["target"]["inputs"][3].update(shape=["past", "batch", 3, 8]))
+    with pytest.raises(EngineError, match=r"input 'past_key.0' is float32 \['past', 'batch', \d+, \d+\] in the graph"
+                                          r" but float32 \['past', 'batch', 3, 8\] in the manifest"):
+        specrt.load(engine_copy)
