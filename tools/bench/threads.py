@@ -2,8 +2,8 @@
 
     python -m specrt.tools.bench.threads [--reps 3] [--max-new-tokens 96] --out docs/bench/threads.json
 
-For each setting of the target graph's ONNX Runtime session (intra-op threads 1 / all cores,
-spinning on / off; the draft keeps its own single thread) it measures plain and draft-model
+For each setting of the ONNX Runtime sessions (intra-op threads 1 / all cores, spinning on / off;
+0 = ORT's own default for every graph; specrt's default gives the draft one thread) it measures plain and draft-model
 greedy decoding of the demo pair (8 code prompts) on an idle machine and on a busy one (a CPU
 hog per core but one, started and stopped by this script), every setting in its own worker
 process, interleaved: for each repetition and load, every setting in turn (the order rotating).
@@ -43,7 +43,7 @@ for line in sys.stdin:
 
 def settings() -> dict:
     cores = os.cpu_count() or 1
-    return {"ORT default (all cores, spinning)": (None, None), f"{cores} threads, no spinning": (cores, False),
+    return {"ORT default (all cores, spinning)": (0, None), f"{cores} threads, no spinning": (cores, False),
             "1 thread": (1, None), "1 thread, no spinning": (1, False)}
 
 
