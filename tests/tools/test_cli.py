@@ -145,3 +145,52 @@ def test_ctrl_c_exits_130_with_a_summary(llama_engine, monkeypatch, capsys):
     assert exit_info.value.code == 130
     err = capsys.readouterr().err
     assert "interrupted after 2 tokens" in err and "Traceback" not in err
+
+
+def _specrt(*args):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "from specrt.tools.cli import main; main()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(predicate, timeout=120.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_an_export_killed_midway_leaves_no_engine_dir(tmp_path):
+    """SIGKILL (no chance to clean up) while the graphs are being written: nothing at --out."""
+    t = make_model(tmp_path / "t", arch="llama", vocab_size=32, hidden=64, layers=4, seed=3)
+    d = make_model(tmp_path / "d", arch="llama", vocab_size=32, hidden=64, layers=4, seed=4)
+    proc = _specrt("export", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "e"), "--max-len", "32")
+    try:
+        _wait_for(lambda: list(tmp_path.glob(".e.partial-*/target.onnx")) or proc.poll() is not None)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert not (tmp_path / "e").exists()
+
+
+def test_ctrl_c_stops_training_with_exit_130_and_a_checkpoint(tmp_path):
+    import signal
+
+    t = make_model(tmp_path / "t", arch="llama", vocab_size=32, hidden=32, layers=2, seed=3)
+    (tmp_path / "data.txt").write_text("abc def ghi jkl mno pqr stu vwx yz " * 200)
+    (tmp_path / "held.txt").write_text("the quick brown fox jumps over the lazy dog " * 20)
+    proc = _specrt("train", "medusa", "--target", str(t), "--data", str(tmp_path / "data.txt"), "--heldout",
+                   str(tmp_path / "held.txt"), "--out", str(tmp_path / "heads"), "--steps", "100000", "--batch", "2",
+                   "--seq", "16", "--save-every", "5")
+    try:
+        _wait_for(lambda: (tmp_path / "heads" / "checkpoint.pt").exists() or proc.poll() is not None)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted: checkpoint of step" in out and "Traceback" not in out

@@ -113,7 +113,7 @@ def bench_plain(a) -> dict:
 
     from ..demo_engines import demo_engine_dir
 
-    rt = specrt.load(demo_engine_dir())
+    rt = specrt.load(demo_engine_dir(), **({'threads': a.threads} if a.threads else {}))
     prompts = CODE[: a.prompts]
     rt.generate(prompts[0], max_new_tokens=8, method="none")  # warm-up
     rows = {"specrt": run_specrt(rt, prompts, a.max_new_tokens, "none"),
@@ -147,7 +147,7 @@ def bench_spec(a) -> dict:
 
     from ..demo_engines import demo_engine_dir
 
-    rt = specrt.load(demo_engine_dir())
+    rt = specrt.load(demo_engine_dir(), **({'threads': a.threads} if a.threads else {}))
     results = {}
     specrt_rows = {"specrt plain": ("none", None), "specrt draft g=4": ("draft", 4), "specrt draft adaptive": ("draft", None),
                    "specrt ngram g=4": ("ngram", 4), "specrt ngram adaptive": ("ngram", None)}
@@ -180,6 +180,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=len(CODE), help="code prompts to use")
     ap.add_argument("--optimum-python", help="python of a venv with optimum-onnx (plain bench)")
     ap.add_argument("--skip-hf", action="store_true", help="spec bench: skip the HF transformers rows")
+    ap.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: specrt's)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file (default bench_results/<which>.json)")
     a = ap.parse_args(argv)
     results = bench_plain(a) if a.which == "plain" else bench_spec(a)
