@@ -88,22 +88,24 @@ def run_optimum(python: str, model_dir: Path, prompts, max_new: int) -> dict:
 
 
 def table(title: str, rows: dict, base: str) -> None:
+    """One benchmark table, within 80 columns (the JSON has every number)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title)
-    for c in ("method", "tok/s", f"vs {base}", "alpha", "tokens/pass", "predicted", "measured", "loop overhead"):
-        t.add_column(c)
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for c in ("method", "tok/s", "speedup", "alpha", "tok/pass", "predicted", "overhead"):
+        t.add_column(c, no_wrap=True)
     b = rows[base]["tokens_per_second"]
     for name, r in rows.items():
+        label = name.removeprefix("specrt ")
         if "error" in r:
-            t.add_row(name, "could not run: " + r["error"][:80], "", "", "", "", "", "")
+            t.add_row(label, "could not run: " + r["error"][:50], "", "", "", "", "")
             continue
-        ratio = r["tokens_per_second"] / b
-        t.add_row(name, f"{r['tokens_per_second']:.1f}", f"{ratio:.2f}x", f"{r['alpha']:.2f}" if "alpha" in r else "",
+        t.add_row(label, f"{r['tokens_per_second']:.1f}", f"{r['tokens_per_second'] / b:.2f}x",
+                  f"{r['alpha']:.2f}" if "alpha" in r else "",
                   f"{r['tokens_per_pass']:.2f}" if "tokens_per_pass" in r else "",
                   f"{r['predicted_speedup']:.2f}x" if "predicted_speedup" in r else "",
-                  f"{ratio:.2f}x" if "predicted_speedup" in r else "",
                   f"{r['loop_overhead']:.1%}" if "loop_overhead" in r else "")
     Console().print(t)
 
