@@ -12,7 +12,9 @@ Measures and checks, then prints a short table last and writes everything as JSO
    output on the GPU (device-resident runtime with CUDA graphs; the torch backend eager; the
    on-device acceptance loop) equals ONNX Runtime on the CPU, token for token.
 4. Tokens/s on the demo pair with graphs on: plain vs speculative, acceptance on the host (the
-   runtime, one sync per model call) and on the device (one sync per round).
+   runtime, one sync per model call) and on the device (one sync per round); and the tree methods
+   (the demo target with the demo Medusa heads and the demo EAGLE head, trees every round) through
+   the decode core on the device runtime: greedy output equal to the CPU, tokens/s against plain.
 5. The exactness test of the core issue (tests/runtime/test_exactness.py) with every engine dir loaded
    as a device-resident runtime on the GPU (CUDA graphs on).
 
@@ -281,6 +283,45 @@ def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
             "graph_replays_target": gpu.target.engine.replays}
 
 
+def tree_methods(torch, device, smoke: bool, workdir: Path, log) -> dict:
+    """Medusa and EAGLE through the decode core on the device runtime (trees every round: gamma=1):
+    greedy output equal to ONNX Runtime on the CPU, and tokens/s against plain decoding on the device."""
+    import specrt
+    from specrt.export.onnx_export import ExportConfig, export_engine
+    from specrt.runtime.device import load_device_runtime
+    from specrt.tools.prompts import CODE
+    from specrt.trees import load_tree
+
+    models = ROOT / "tools" / "demo_models"
+    new, prompts = (16 if smoke else 128), (CODE[:1] if smoke else CODE[:4])
+    cfg = ExportConfig(gamma=4, max_len=512, prefill_chunk=64, torch_weights=True)
+    heads = {"medusa": dict(medusa_dir=models / "medusa", tree=load_tree("medusa-8")),
+             "eagle": dict(eagle_dir=models / "eagle", eagle_tree={"nodes": 32, "depth": 5, "topk": 8})}
+    out: dict = {}
+    for method, extra in heads.items():
+        engine = export_engine(models / "target", workdir / f"{method}_engine", cfg=cfg, log=log, **extra)
+        cpu = specrt.load(engine)
+        gpu = load_device_runtime(engine, device=str(device), cuda_graphs=device.type == "cuda")
+        equal = [gpu.generate(p, max_new_tokens=new, method=method, gamma=1).token_ids ==
+                 cpu.generate(p, max_new_tokens=new, method=method, gamma=1).token_ids for p in prompts]
+        rates = {}
+        for name, m in (("plain", "none"), (method, method)):
+            gpu.generate(prompts[0], max_new_tokens=8, method=m, gamma=1)  # warm-up (captures the shapes)
+            n, secs = 0, 0.0
+            for p in prompts:
+                box = {}
+                secs += wall(torch, device, lambda: box.setdefault("n", len(
+                    gpu.generate(p, max_new_tokens=new, method=m, gamma=1).token_ids)))
+                n += box["n"]
+            rates[name] = n / secs
+        stats = gpu.generate(prompts[0], max_new_tokens=new, method=method, gamma=1).stats
+        out[method] = {"equal": sum(equal), "of": len(equal), "tokens_per_s": rates,
+                       "tokens_per_pass": stats.get("tokens_per_pass"), "verify_ratio": stats.get("verify_ratio")}
+        log(f"[{method}] device == CPU {sum(equal)}/{len(equal)}; tok/s plain {rates['plain']:.0f}, "
+            f"{method} {rates[method]:.0f}; tokens/pass {stats.get('tokens_per_pass', 0):.2f}")
+    return out
+
+
 # ---- 5: the GPU-marked tests, and the exactness test on the device runtime ------------------------------
 
 
@@ -342,6 +383,13 @@ def table(r: dict) -> str:
             f" | acceptance (γ=4) {demo['acceptance_rate_gamma4'] or 0:.2f}")
     else:
         lines.append(f"demo pair: {demo.get('error') or demo.get('skipped')}")
+    for method, t in (r.get("trees") or {}).items():
+        if isinstance(t, dict) and "equal" in t:
+            lines.append(f"{method} (trees every round): device == CPU {t['equal']}/{t['of']}; tok/s plain "
+                         f"{t['tokens_per_s']['plain']:.0f} vs {method} {t['tokens_per_s'][method]:.0f}; "
+                         f"tokens/pass {t['tokens_per_pass'] or 0:.2f}, T(N)/T(1) {t['verify_ratio'] or 0:.2f}")
+    if (r.get("trees") or {}).get("error"):
+        lines.append(f"trees: {r['trees']['error']}")
     for key, label in (("gpu_tests", "GPU tests (tests/engines/test_torch_backend.py)"),
                        ("exactness", "exactness (tests/runtime/test_exactness.py, device runtime)")):
         ex = r.get(key) or {}
@@ -357,7 +405,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="where to write the JSON results (default: $OUT/gpu_check.json or ./gpu_check.json)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the script, measures nothing")
-    ap.add_argument("--skip", action="append", default=[], choices=["tq", "demo", "gpu_tests", "exactness"])
+    ap.add_argument("--skip", action="append", default=[], choices=["tq", "demo", "trees", "gpu_tests", "exactness"])
     args = ap.parse_args(argv)
     t_start = time.time()
     shim = ensure_importable()
@@ -387,7 +435,8 @@ def main(argv=None) -> int:
     results: dict = {"env": env, "smoke": args.smoke}
     work = Path(tempfile.mkdtemp(prefix="specrt_gpu_check_"))
     sections = [("tq", lambda: bench_tq(torch, device, args.smoke, log)),
-                ("demo", lambda: demo_pair(torch, device, args.smoke, work, log))]
+                ("demo", lambda: demo_pair(torch, device, args.smoke, work, log)),
+                ("trees", lambda: tree_methods(torch, device, args.smoke, work, log))]
     for name, fn in sections:
         if name in args.skip:
             results[name] = {"skipped": "--skip"}
