@@ -25,7 +25,8 @@ A round:
      off, no room) cost no head call.
 
 Per slot the proposer keeps root_logits, root_feat and its rows in the head's own cache (a
-``HostRunner`` of ``max_batch`` slots); rows are drafted one after another.
+``HostRunner`` of ``max_batch`` slots); the rows' trees grow in lockstep, one head call per depth
+for every row (``dynamic_trees``).
 """
 from __future__ import annotations
 
@@ -67,24 +68,35 @@ def _children(parent: Node, logp: np.ndarray, topk: int) -> list[Node]:
             for r, t in enumerate(top)]
 
 
-def dynamic_tree(root_logp: np.ndarray, expand, topk: int, depth: int, nodes: int) -> tuple[list, dict]:
-    """EAGLE-2 tree: returns (choices, path -> token) of the ``nodes - 1`` best paths (root excluded).
+def dynamic_trees(root_logps, expand, topk: int, depth: int, nodes: int) -> list[tuple[list, dict]]:
+    """EAGLE-2 trees for several rows in lockstep: per row (choices, path -> token) of its ``nodes - 1``
+    best paths (root excluded).
 
-    root_logp: [V] head log-probabilities of the depth-1 tokens. ``expand(frontier)`` takes the
-    nodes chosen for expansion (list of ``Node``) and returns their children's log-probabilities
-    [len(frontier), V]. Per depth the ``topk`` best-scoring nodes are expanded; ties in the final
-    rerank go to the shallower node, so every kept node's parent is kept.
+    root_logps: per row [V] head log-probabilities of the depth-1 tokens. ``expand(frontiers)`` takes
+    per row the nodes chosen for expansion (lists of ``Node``) and returns per row their children's
+    log-probabilities [len(frontier), V]: one head call for every row. Per depth the ``topk``
+    best-scoring nodes of a row are expanded; ties in the final rerank go to the shallower node, so
+    every kept node's parent is kept.
     """
-    root = Node((), (), 0.0)
-    layer = _children(root, np.asarray(root_logp), topk)
-    cands = list(layer)
+    layers = [_children(Node((), (), 0.0), np.asarray(lp), topk) for lp in root_logps]
+    cands = [list(layer) for layer in layers]
     for _ in range(1, depth):
-        frontier = sorted(layer, key=lambda n: -n.score)[:topk]
-        logps = expand(frontier)
-        layer = [c for n, lp in zip(frontier, logps) for c in _children(n, np.asarray(lp), topk)]
-        cands += layer
-    kept = sorted(cands, key=lambda n: (-n.score, len(n.path)))[: nodes - 1]
-    return [list(n.path) for n in kept], {n.path: n.tokens[-1] for n in kept}
+        frontiers = [sorted(layer, key=lambda n: -n.score)[:topk] for layer in layers]
+        logps = expand(frontiers)
+        layers = [[c for n, lp in zip(f, lps) for c in _children(n, np.asarray(lp), topk)]
+                  for f, lps in zip(frontiers, logps)]
+        for row_cands, layer in zip(cands, layers):
+            row_cands += layer
+    out = []
+    for row_cands in cands:
+        kept = sorted(row_cands, key=lambda n: (-n.score, len(n.path)))[: nodes - 1]
+        out.append(([list(n.path) for n in kept], {n.path: n.tokens[-1] for n in kept}))
+    return out
+
+
+def dynamic_tree(root_logp: np.ndarray, expand, topk: int, depth: int, nodes: int) -> tuple[list, dict]:
+    """``dynamic_trees`` for one row: ``expand(frontier)`` -> [len(frontier), V]."""
+    return dynamic_trees([root_logp], lambda frontiers: [expand(frontiers[0])], topk, depth, nodes)[0]
 
 
 def head_runner(engine, spec: EagleSpec, max_len: int, tree: dict, max_batch: int) -> HostRunner:
@@ -138,52 +150,67 @@ class EagleProposer(NoProposer):
         self.root_logits[slot], self.root_feat[slot] = p.logits[0, -1], p.outputs["next_hidden"][0, -1]
 
     def propose(self, rows, ks) -> list[Proposal]:
-        out = []
-        for row, k in zip(rows, ks):
+        out = [EMPTY] * len(rows)
+        drafting = []
+        for b, (row, k) in enumerate(zip(rows, ks)):
             behind = sum(len(ids) for ids, _ in self.pending[row.slot])
-            if not k or self.head.room(row.slot) < behind + self.draft_rows + self.depth + 1:
-                out.append(EMPTY)
-                continue
-            t0 = time.perf_counter()
-            self._catch_up(row.slot)
-            tree, tokens = self.draft(row.slot)
-            out.append(Proposal(tokens, None, tree))
-            dt = time.perf_counter() - t0
-            self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
+            if k and self.head.room(row.slot) >= behind + self.draft_rows + self.depth + 1:
+                drafting.append(b)
+        if not drafting:
+            return out
+        t0 = time.perf_counter()
+        for b in drafting:
+            self._catch_up(rows[b].slot)
+        for b, (tree, tokens) in zip(drafting, self.draft([rows[b].slot for b in drafting])):
+            out[b] = Proposal(tokens, None, tree)
+        dt = time.perf_counter() - t0
+        self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
         return out
 
-    def draft(self, slot: int):
-        """-> (Tree, tokens int64 [N - 1] of nodes 1..N-1). Leaves the slot's head cache as it found it."""
+    def draft(self, slots: list[int]) -> list[tuple]:
+        """Per slot (Tree, tokens int64 [N - 1] of nodes 1..N-1), the rows' trees grown in lockstep: each depth
+        is ONE head call over every row. Leaves the slots' head cache as it found it."""
         head = self.head
-        committed = int(head.lengths[slot])  # rows 0..L-2: the root's row is the last one
-        base = committed - 1  # position of the root's row
-        root_feat = self.root_feat[slot]
+        slots = np.asarray(slots, dtype=np.int64)
+        committed = head.lengths[slots].copy()  # [R] rows 0..L-2 of each slot: the root's row is the last one
+        root_feat = self.root_feat[slots]  # [R, H]
 
-        def expand(frontier):
-            past, q = int(head.lengths[slot]), len(frontier)
-            visible = np.zeros((1, q, past), dtype=bool)  # [1, Q, P]: committed rows and each node's ancestors
-            visible[0, :, :committed] = True
-            for i, n in enumerate(frontier):
-                a = n.parent
-                while a is not None and a.row >= 0:
-                    visible[0, i, a.row] = True
-                    a = a.parent
-            feats = np.stack([n.parent.feat if n.parent.feat is not None else root_feat for n in frontier])
-            p = head.forward([slot], [[n.tokens[-1] for n in frontier]], blocks=[np.eye(q, dtype=bool)],
-                             positions=(base + np.array([len(n.path) for n in frontier]))[None],
-                             past_visible=visible, feeds={"hidden": feats[None]})
-            head.commit(p)
+        def expand(frontiers):
+            r, q = len(frontiers), max(len(f) for f in frontiers)
+            past = head.lengths[slots].copy()  # [R] committed rows + this round's draft rows so far
+            visible = np.zeros((r, q, int(past.max())), dtype=bool)  # committed rows and each node's ancestors
+            ids = np.zeros((r, q), dtype=np.int64)
+            positions = np.repeat(committed[:, None], q, axis=1)  # padding: a valid position
+            feats = np.zeros((r, q, root_feat.shape[-1]), dtype=head.dtype)
+            for b, frontier in enumerate(frontiers):
+                visible[b, :, : committed[b]] = True
+                for i, n in enumerate(frontier):
+                    a = n.parent
+                    while a is not None and a.row >= 0:
+                        visible[b, i, a.row] = True
+                        a = a.parent
+                    ids[b, i], positions[b, i] = n.tokens[-1], committed[b] - 1 + len(n.path)
+                    feats[b, i] = n.parent.feat if n.parent.feat is not None else root_feat[b]
+            p = head.forward(slots, ids, blocks=[np.eye(len(f), dtype=bool) for f in frontiers], positions=positions,
+                             past_visible=visible, feeds={"hidden": feats})
+            head.commit(p, [np.arange(len(f)) for f in frontiers])
             self.passes += 1
-            for i, n in enumerate(frontier):
-                n.row, n.feat = past + i, p.outputs["next_hidden"][0, i]
-            return log_softmax(p.logits[0])
+            for b, frontier in enumerate(frontiers):
+                for i, n in enumerate(frontier):
+                    n.row, n.feat = past[b] + i, p.outputs["next_hidden"][b, i]
+            return [log_softmax(p.logits[b, : len(f)]) for b, f in enumerate(frontiers)]
 
         try:
-            choices, tok = dynamic_tree(log_softmax(self.root_logits[slot]), expand, self.topk, self.depth, self.nodes)
+            grown = dynamic_trees([log_softmax(self.root_logits[s]) for s in slots], expand, self.topk, self.depth,
+                                  self.nodes)
         finally:
-            head.rollback(slot, committed)
-        tree = compile_tree(choices, "eagle")
-        return tree, np.array([tok[tuple(p)] for p in tree.choices], dtype=np.int64)
+            for s, n in zip(slots, committed):
+                head.rollback(int(s), int(n))
+        out = []
+        for choices, tok in grown:
+            tree = compile_tree(choices, "eagle")
+            out.append((tree, np.array([tok[tuple(path)] for path in tree.choices], dtype=np.int64)))
+        return out
 
     def move(self, src: int, dst: int) -> None:
         self.head.move(src, dst)

@@ -312,17 +312,17 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
     proposer.start(row, feats)
     proposer._catch_up(0)
     root_feat = proposer.root_feat[0].copy()
-    expanded, real = [], eagle_module.dynamic_tree
+    expanded, real = [], eagle_module.dynamic_trees
 
-    def spy(root_logp, expand, *args):
-        def recording(frontier):
-            out = expand(frontier)
-            expanded.extend(zip(frontier, out))
+    def spy(root_logps, expand, *args):
+        def recording(frontiers):
+            out = expand(frontiers)
+            expanded.extend(zip(frontiers[0], out[0]))
             return out
-        return real(root_logp, recording, *args)
+        return real(root_logps, recording, *args)
 
-    monkeypatch.setattr(eagle_module, "dynamic_tree", spy)
-    proposer.draft(0)
+    monkeypatch.setattr(eagle_module, "dynamic_trees", spy)
+    proposer.draft([0])
     assert proposer.head.lengths[0] == len(row.seq) - 1  # draft rows dropped
     assert len(expanded) == (t["depth"] - 1) * t["topk"] and max(len(n.path) for n, _ in expanded) == t["depth"] - 1
     for node, logp in expanded:
@@ -362,3 +362,18 @@ def test_stats_are_finite_on_a_fresh_runtime(engine):
     s = specrt.load(engine).generate(PROMPT, max_new_tokens=12, method="eagle", gamma=1).stats
     assert s["rounds"] > 0 and 0 < s["c"] < 100 and 0 < s["verify_ratio"] < 100
     assert np.isfinite(s["predicted_speedup"]) and s["predicted_speedup"] > 0
+
+
+def test_lockstep_drafting_equals_drafting_each_row_alone(rt):
+    """Rows of different lengths draft their trees together (one head call per depth for all rows):
+    each row gets the tree it gets alone."""
+    proposer = rt.proposer("eagle", 2)
+    for slot, prompt in enumerate((PROMPT, LONG)):
+        logits, feats = fresh_runner(rt.target).prefill(0, prompt)
+        proposer.start(SimpleNamespace(slot=slot, seq=prompt + [int(logits.argmax())]), feats)
+        proposer._catch_up(slot)
+    passes = proposer.passes
+    together = proposer.draft([0, 1])
+    assert proposer.passes - passes == rt.eagle_tree["depth"] - 1  # one call per depth, not per row
+    for (tree, tokens), alone in zip(together, (proposer.draft([0])[0], proposer.draft([1])[0])):
+        assert tree.choices == alone[0].choices and np.array_equal(tokens, alone[1])
