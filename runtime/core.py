@@ -197,9 +197,7 @@ class DecodeCore:
             self._probes += 1
             ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
         drafting = [r for r, k in zip(rows, ks) if k]
-        t1 = time.perf_counter()
-        proposals = self._timed(self.proposer.propose, drafting, rows, ks)
-        proposer_s = time.perf_counter() - t1
+        proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         keeps, news = [], []
         for b, (row, p) in enumerate(zip(rows, proposals)):
@@ -215,11 +213,10 @@ class DecodeCore:
         self.target.commit(out, keeps)
         updates = [self._emit(row, new) for row, new in zip(rows, news)]
         if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
-            t1, hidden = time.perf_counter(), out.outputs["hidden"]  # [B, Q, H]
+            hidden = out.outputs["hidden"]  # [B, Q, H]
             for b, (row, update) in enumerate(zip(rows, updates)):
                 if not update.finish_reason:
-                    self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])
-            proposer_s += time.perf_counter() - t1
+                    proposer_s += self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])[1]
         if self.proposer.tree and drafting:  # a tree method's D(B): its proposer work per step
             self.policy.record_draft(len(drafting), 1, proposer_s)
         for row, update in zip(rows, updates):
@@ -256,16 +253,15 @@ class DecodeCore:
         self.served.update(k, n)
 
     def _timed(self, fn, rows, *args):
-        """Run a proposer call; its wall time and graph calls count for each of ``rows``."""
-        if not rows:
-            return fn(*args)
+        """Run a proposer call; its wall time and graph calls count for each of ``rows``.
+        Returns (the call's result, its seconds)."""
         t0, passes = time.perf_counter(), self.proposer.passes
         result = fn(*args)
         dt, dp = time.perf_counter() - t0, self.proposer.passes - passes
         for row in rows:
             row.counts.proposer_seconds += dt
             row.counts.proposer_passes += dp
-        return result
+        return result, dt
 
     # ---- output ------------------------------------------------------------------------------
     def _emit(self, row: Row, new: list[int]) -> SequenceUpdate:
@@ -316,12 +312,14 @@ class DecodeCore:
         top = self.proposer.max_nodes + 1 if self.proposer.tree else g + 1
         past = max(0, min(past or 32, self.max_len - top - 1))
         sizes = sorted({*(2 ** i for i in range(self.config.max_batch.bit_length())), self.config.max_batch})
+        def target_qs(b: int):
+            return range(1, top + 1) if b == 1 and not self.proposer.tree else (1, top)
+
+        plan = [(self.target, self.policy.target_curve, target_qs)]
         draft = getattr(self.proposer, "runner", None) if self.config.method == "draft" else None
-        for runner, curve, shapes in ((self.target, self.policy.target_curve, lambda b: range(1, top + 1) if b == 1
-                                       and not self.proposer.tree else (1, top)),
-                                      (draft, self.policy.draft_curve, lambda b: (1,))):
-            if runner is None:
-                continue
+        if draft is not None:  # (a caller's own proposer may have no draft model)
+            plan.append((draft, self.policy.draft_curve, lambda b: (1,)))
+        for runner, curve, shapes in plan:
             for b in sizes:
                 for q in shapes(b):
                     if b * q not in curve.points:

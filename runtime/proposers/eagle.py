@@ -30,7 +30,6 @@ for every row (``dynamic_trees``).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,7 +120,6 @@ class EagleProposer(NoProposer):
         self.root_logits = np.zeros((slots, vocab_size), dtype=np.float32)  # [slots, V] candidates for the next token
         self.root_feat = np.zeros((slots, hidden_size), dtype=head.dtype)  # [slots, H] the head's f̂ at the root
         self.pending = [[] for _ in range(slots)]  # per slot: (tokens, true features) the head has not run on
-        self.step_seconds = None  # EWMA seconds of one round's drafting (head calls + tree building)
         self.passes = 0  # head graph calls
 
     @property
@@ -158,13 +156,10 @@ class EagleProposer(NoProposer):
                 drafting.append(b)
         if not drafting:
             return out
-        t0 = time.perf_counter()
         for b in drafting:
             self._catch_up(rows[b].slot)
         for b, (tree, tokens) in zip(drafting, self.draft([rows[b].slot for b in drafting])):
             out[b] = Proposal(tokens, None, tree)
-        dt = time.perf_counter() - t0
-        self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
         return out
 
     def draft(self, slots: list[int]) -> list[tuple]:

@@ -1,7 +1,6 @@
 """Medusa proposals: the heads graph reads the target's last hidden state; top-k per head fill the tree."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -45,7 +44,6 @@ class MedusaProposer(NoProposer):
         self.tree_name, self.depth = tree.name, tree.depth
         self.dtype = NP_DTYPES[spec.dtype]
         self.hidden = np.zeros((max_batch, spec.hidden_size), dtype=self.dtype)  # [slots, H]
-        self.step_seconds = None  # EWMA seconds of one heads call + top-k
         self.passes = 0  # heads graph calls
         self._k = int(tree.topk.max())  # candidates taken from each head
 
@@ -63,7 +61,6 @@ class MedusaProposer(NoProposer):
         out = [EMPTY] * len(rows)
         if not active:
             return out
-        t0 = time.perf_counter()
         tree = self.candidates
         slots = [rows[b].slot for b in active]
         logits = self.engine.run({"hidden": self.hidden[slots]})["medusa_logits"][:, : tree.depth]  # [A, D, V]
@@ -73,7 +70,5 @@ class MedusaProposer(NoProposer):
         nodes = top[:, tree.depths[1:] - 1, tree.ranks[1:]]  # [A, N - 1] node i+1 carries head d's rank-r token
         for j, b in enumerate(active):
             out[b] = Proposal(nodes[j].astype(np.int64), None, tree)
-        dt = time.perf_counter() - t0
-        self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
         self.passes += 1
         return out
