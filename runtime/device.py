@@ -9,8 +9,6 @@ runner with ``--backend torch --device cuda``). Heads (Medusa, EAGLE) run in ONN
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..engines import EngineError
@@ -49,16 +47,15 @@ class DeviceRunner(Runner):
         q = ids.shape[1]
         block = None if blocks is None else blocks[0]
         depth = None if depths is None else depths[0]
-        t0 = time.perf_counter()
-        logits = self.dm.forward(ids, block, depth, advance=False)
-        out = {"logits": logits.float().cpu().numpy()}
-        if self.has_hidden:
-            out["hidden"] = self.dm.last_hidden(q).float().cpu().numpy().astype(self.np_dtype)
-        dt = time.perf_counter() - t0
-        self.engine_seconds += dt
-        self.calls += 1
-        if record and self.on_call is not None:
-            self.on_call(1, q, dt)
+
+        def run() -> dict:
+            logits = self.dm.forward(ids, block, depth, advance=False)
+            out = {"logits": logits.float().cpu().numpy()}
+            if self.has_hidden:
+                out["hidden"] = self.dm.last_hidden(q).float().cpu().numpy().astype(self.np_dtype)
+            return out
+
+        out = self._timed(run, 1, q, record)
         return Pass(np.zeros(1, np.int64), out["logits"], out)
 
     def commit(self, p: Pass, keep=None) -> None:

@@ -58,6 +58,17 @@ class Runner:
     def prefill_calls(self, n_tokens: int) -> int:
         return -(-n_tokens // self.prefill_chunk)
 
+    def _timed(self, call, rows: int, q: int, record: bool):
+        """``call()``, counted in ``engine_seconds`` / ``calls`` and, if ``record``, reported to ``on_call``."""
+        t0 = time.perf_counter()
+        out = call()
+        dt = time.perf_counter() - t0
+        self.engine_seconds += dt
+        self.calls += 1
+        if record and self.on_call is not None:
+            self.on_call(rows, q, dt)
+        return out
+
     def room(self, slot: int) -> int:
         """Free cache entries of ``slot``."""
         return self.max_len - int(self.lengths[slot])
@@ -122,13 +133,7 @@ class HostRunner(Runner):
             positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
         feeds = {"input_ids": ids, "position_ids": np.asarray(positions, dtype=np.int64), "attention_mask": mask,
                  **(feeds or {}), **self._past(slots, past)}
-        t0 = time.perf_counter()
-        out = self.engine.run(feeds)
-        dt = time.perf_counter() - t0
-        self.engine_seconds += dt
-        self.calls += 1
-        if record and self.on_call is not None:
-            self.on_call(r, q, dt)
+        out = self._timed(lambda: self.engine.run(feeds), r, q, record)
         return Pass(slots, out["logits"], out)
 
     def _past(self, slots: np.ndarray, past: int) -> dict[str, np.ndarray]:
