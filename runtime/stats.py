@@ -78,7 +78,7 @@ def sequence_stats(s: SequenceCounts, method: str, new_tokens: int, proposer, se
                   "accept_length_histogram": lengths.tolist(), "tree": proposer.tree_name,
                   "tree_size": proposer.max_nodes + 1, "tree_depth": depth,
                   "mean_tree_size": float(np.mean(s.tree_sizes)) if s.tree_sizes else 0.0,
-                  "fallback_steps": s.fallback_steps, f"{proposer.passes_name}": s.proposer_passes,
+                  "fallback_steps": s.fallback_steps, proposer.passes_name: s.proposer_passes,
                   "c": c, "verify_ratio": ratio, "predicted_speedup": per_pass / (c + ratio),
                   "acceptance": acceptance, "lossy": lossy})
     if proposer.name == "eagle":

@@ -17,11 +17,12 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from . import checkout_env
 
 METHODS = {"none": "draft", "draft": "draft", "ngram": "draft", "medusa": "medusa", "eagle": "eagle"}  # -> engine
 
@@ -51,12 +52,10 @@ class Worker:
     """One checkout's worker process: ``run(method, temperature, max_new)`` -> tokens/s."""
 
     def __init__(self, checkout: Path, engines: dict, prompts: list):
-        self.links = tempfile.TemporaryDirectory()
-        (Path(self.links.name) / "specrt").symlink_to(checkout.resolve())
+        self.links, env = checkout_env(checkout)
         code = f"METHODS = {METHODS!r}\n" + WORKER
         self.proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(engines), json.dumps(prompts)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**__import__("os").environ, "PYTHONPATH": self.links.name})
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.loaded_from = json.loads(self.proc.stdout.readline())["ready"]
 
     def run(self, method: str, temperature: float, max_new: int) -> float:

@@ -16,16 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from . import checkout_env
 
 MODES = ("off", "on", "policy")
 
@@ -62,11 +62,7 @@ class ServeProcess:
         cmd = [sys.executable, "-c", "from specrt.tools.cli import main; main()", "serve", engine_dir,
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", "--model-name", "bench",
                *args]
-        env, self.links = dict(os.environ), None
-        if checkout is not None:  # run that checkout's specrt: a temp dir with a `specrt` link to it goes first
-            self.links = tempfile.TemporaryDirectory()
-            (Path(self.links.name) / "specrt").symlink_to(Path(checkout).resolve())
-            env["PYTHONPATH"] = self.links.name
+        self.links, env = checkout_env(checkout) if checkout is not None else (None, None)  # None: this checkout
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
     def __enter__(self) -> "ServeProcess":
