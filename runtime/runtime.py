@@ -6,7 +6,6 @@ max_batch N over the same ``Runtime``.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,16 +67,6 @@ class Generation:
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
 
 
-def default_threads() -> int:
-    """ONNX Runtime intra-op threads when the caller names none: one per two cores (at least 1).
-
-    Measured on the 2-core machine this project runs on (docs/bench/threads.md): ORT's default pool
-    (all cores, spinning) falls to 0.43-0.64x of the best setting when the machine is busy; one
-    thread stays within 4-10% of it when idle and is the best setting when busy. Not measured on
-    larger machines: pass ``threads=`` (CLI ``--threads``) to choose."""
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
 def check_graph(engine, spec: GraphSpec) -> None:
     """The graph's inputs must be the manifest's: names in order and, where the engine reports them
     (ONNX Runtime), dtypes and fixed dimensions. The error names the first mismatch."""
@@ -132,13 +121,10 @@ class Runtime:
         from tokenizers import Tokenizer
 
         m = load_manifest(engine_dir)
-        chosen = "threads" in engine_options  # the caller's thread count applies to every graph
-        if backend == "ort" and not chosen:
-            engine_options = {**engine_options, "threads": default_threads()}
         graphs = {}
         for role, spec in m.graphs.items():
             options = dict(engine_options)
-            if backend == "ort" and role == "draft" and not chosen:
+            if backend == "ort" and role == "draft" and "threads" not in options:
                 # one intra-op thread: a draft step is too small to gain from a pool, and a pool's
                 # spinning threads compete with the target's (measured on the 2-core demo: draft
                 # decoding 1.3-1.5x faster than with the default pool; plain decoding unchanged)
