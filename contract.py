@@ -2,9 +2,16 @@
 the one builder of attention masks and positions (see docs/engine-format.md).
 
 Every decoder graph takes ``input_ids`` [B, Q], ``position_ids`` [B, Q], an additive
-``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked) and the past K/V time-major
-``past_{key,value}.i`` [P, B, Hkv, D]; it returns ``logits`` [B, Q, V], only the new K/V
-``new_{key,value}.i`` [Q, B, Hkv, D] and, for graphs exported with hidden states, ``hidden`` [B, Q, H].
+``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked) and the past K/V and
+returns ``logits`` [B, Q, V] and, for graphs exported with hidden states, ``hidden`` [B, Q, H].
+Two KV layouts (a graph's ``kv_layout`` in the manifest):
+
+- ``time_major`` (traced graphs): past ``past_{key,value}.i`` [P, B, Hkv, D] in, only the new K/V
+  ``new_{key,value}.i`` [Q, B, Hkv, D] out; the runtime appends them to its cache.
+- ``in_place`` (fused graphs): ``past_{key,value}.i`` and ``present_{key,value}.i`` are the SAME
+  head-major buffer [B, Hkv, max_len, D]; two more inputs, ``seqlens_k`` int32 [B] (= row length + Q - 1)
+  and ``total_sequence_length`` int32 [] (= the mask's last dim), and the graph writes row b's Q new
+  entries at [length_b, length_b + Q). Mask column t of row b is the row's cache entry t.
 Nothing here imports the rest of specrt.
 """
 from __future__ import annotations
@@ -14,6 +21,7 @@ import numpy as np
 MASK_MIN = -65504.0  # additive value for masked positions: float16's most negative finite value, so the
 # same mask works in fp16 and fp32 graphs (exp(-65504) is 0 in both)
 NP_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # manifest dtype -> numpy dtype
+KV_LAYOUTS = ("time_major", "in_place")  # a graph's kv_layout (see the module docstring)
 
 
 def past_names(num_layers: int) -> list[str]:
@@ -26,8 +34,18 @@ def new_names(num_layers: int) -> list[str]:
     return [f"new_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
 
 
-def io_names(num_layers: int, has_hidden: bool) -> tuple[list[str], list[str]]:
+def present_names(num_layers: int) -> list[str]:
+    """Outputs of an in-place graph's K/V buffers, in the same order as ``past_names``."""
+    return [f"present_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def io_names(num_layers: int, has_hidden: bool, kv_layout: str = "time_major") -> tuple[list[str], list[str]]:
     """Graph input and output names of a decoder with ``num_layers`` layers."""
+    if kv_layout == "in_place":
+        inputs = ["input_ids", "position_ids", "attention_mask", "seqlens_k", "total_sequence_length",
+                  *past_names(num_layers)]
+        outputs = ["logits", *present_names(num_layers)] + (["hidden"] if has_hidden else [])
+        return inputs, outputs
     inputs = ["input_ids", "position_ids", "attention_mask", *past_names(num_layers)]
     outputs = ["logits", *new_names(num_layers)] + (["hidden"] if has_hidden else [])
     return inputs, outputs

@@ -10,11 +10,12 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..contract import io_names
+from ..contract import KV_LAYOUTS, io_names
 from .base import EngineError
 
 FORMAT = "specrt-engine"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added models.<role>.kv_layout ("in_place" fused graphs) and .quantize
+READABLE_VERSIONS = (1, 2)  # a version-1 dir is read as kv_layout "time_major", no quantization
 ROLES = ("target", "draft")
 
 
@@ -43,6 +44,8 @@ class GraphSpec:
     inputs: list  # [{"name", "dtype", "shape"}] in graph order
     outputs: list  # [{"name", "dtype", "shape"}] in graph order
     vocab_sha256: str  # hash of the tokenizer vocabulary this model was exported with
+    kv_layout: str = "time_major"  # "time_major" (traced graph) | "in_place" (fused graph): contract.py
+    quantize: str | None = None  # weight quantization of the graph's MatMuls: None | "int8" | "int4"
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,15 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
     spec = GraphSpec(role=role, file=_require(m, "file", where), geometry=geo, dtype=_require(m, "dtype", where),
                      has_hidden=bool(m.get("has_hidden", False)), shapes=_require(m, "shapes", where),
                      inputs=_require(m, "inputs", where), outputs=_require(m, "outputs", where),
-                     vocab_sha256=_require(m, "vocab_sha256", where))
+                     vocab_sha256=_require(m, "vocab_sha256", where),
+                     kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"))
     if not (root / spec.file).is_file():
         raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
     if spec.dtype not in ("fp32", "fp16"):
         raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
-    want_in, want_out = io_names(geo.num_layers, spec.has_hidden)
+    if spec.kv_layout not in KV_LAYOUTS:
+        raise EngineError(f"manifest.json: {where}kv_layout must be one of {list(KV_LAYOUTS)}, got {spec.kv_layout!r}")
+    want_in, want_out = io_names(geo.num_layers, spec.has_hidden, spec.kv_layout)
     if [i["name"] for i in spec.inputs] != want_in or [o["name"] for o in spec.outputs] != want_out:
         raise EngineError(f"manifest.json: {where}inputs/outputs do not match the graph contract for "
                           f"{geo.num_layers} layers (see docs/engine-format.md)")
@@ -137,9 +143,9 @@ def load_manifest(engine_dir: str | Path) -> Manifest:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise EngineError(f"{path} is not a specrt engine manifest (format != {FORMAT!r})")
     version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise EngineError(f"{path}: schema_version {version!r} is not supported by this specrt "
-                          f"(supports {SCHEMA_VERSION}); re-export the engine or upgrade specrt")
+                          f"(supports {', '.join(map(str, READABLE_VERSIONS))}); re-export the engine or upgrade specrt")
     models = _require(raw, "models", "")
     if not isinstance(models, dict) or "target" not in models:
         raise EngineError(f"{path}: models.target is missing")

@@ -98,3 +98,43 @@ def gpu_providers(provider: str, cuda_options: dict, device_id: int = 0, trt_opt
     if provider != "CUDAExecutionProvider":
         raise EngineError(f"unknown GPU provider {provider!r}; use CUDAExecutionProvider or TensorrtExecutionProvider")
     return [("CUDAExecutionProvider", cuda_options)]
+
+
+class Binding:
+    """Host arrays bound to one ``OrtEngine``'s session by address (ORT's IOBinding), for graphs that
+    write their KV cache in place: a cache buffer bound once as both past input and present output
+    stays bound for every later run; ``inputs`` rebinds the per-call arrays. Every bound array is
+    referenced here, so none is freed while ORT holds its address.
+    """
+
+    def __init__(self, engine: OrtEngine):
+        self.session = engine.session
+        self.binding = self.session.io_binding()
+        self.bound: dict[str, np.ndarray] = {}  # name -> the array whose address is bound
+        self.outputs: dict[str, np.ndarray] = {}  # output name -> its preallocated array
+
+    def cache(self, past: str, present: str, buffer: np.ndarray) -> None:
+        """Bind ``buffer`` (C-contiguous, never copied) as input ``past`` and output ``present``."""
+        if not buffer.flags.c_contiguous:
+            raise ValueError(f"cache buffer for {past} must be C-contiguous")
+        for name, bind in ((past, self.binding.bind_input), (present, self.binding.bind_output)):
+            bind(name, "cpu", 0, buffer.dtype, buffer.shape, buffer.ctypes.data)
+            self.bound[name] = buffer
+
+    def inputs(self, **arrays: np.ndarray) -> None:
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            self.binding.bind_input(name, "cpu", 0, a.dtype, a.shape, a.ctypes.data)
+            self.bound[name] = a
+
+    def output(self, name: str, out: np.ndarray) -> None:
+        """Write output ``name`` into ``out`` (C-contiguous, of the output's exact shape) on every run."""
+        if not out.flags.c_contiguous:
+            raise ValueError(f"output buffer for {name} must be C-contiguous")
+        self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+        self.bound[name] = self.outputs[name] = out
+
+    def run(self) -> dict[str, np.ndarray]:
+        """Run the graph; returns the arrays bound with ``output`` (the cache is written in place)."""
+        self.session.run_with_iobinding(self.binding)
+        return self.outputs

@@ -49,6 +49,9 @@ class ExportConfig:
     with_hidden: bool = False  # also output the last hidden state (Medusa/EAGLE heads need it)
     tree_mask: object = None  # bool [N, N] of an exported tree: adds a parity case at the tree-verify shape
     torch_weights: bool = False  # also save each model's HF weights (safetensors) to torch/<role>/ for the torch backend
+    graph: str = "auto"  # "fused" (ORT fused ops, KV written in place) | "traced" (torch.onnx) | "auto": fused if possible
+    quantize: str | None = None  # MatMul weights: None (as dtype) | "int8" | "int4" (export/quantize.py)
+    draft_quantize: str | None = "same"  # the draft's quantization: "same" (as quantize) | None | "int8" | "int4"
 
 
 def load_hf(model_dir: str | Path, dtype: str = "fp32"):
@@ -117,61 +120,122 @@ def parity_cases(wrapper, geo, cfg: ExportConfig) -> dict:
     return out
 
 
-def check_parity(session: OrtEngine, cases: dict, geo, dtype: str) -> dict:
-    """Max |ORT - torch| on logits and new K/V for each case; raises ExportError above tolerance."""
+def check_parity(run, cases: dict, geo, dtype: str, tolerance: float) -> dict:
+    """Max |ORT - torch| on logits, new K/V (and hidden) per case; raises ExportError above ``tolerance``.
+
+    run(feeds) -> the traced graph's outputs in order (logits, new K/V..., hidden) as numpy arrays.
+    """
     report = {}
     for name, (feeds, ref) in cases.items():
-        got = session.run({n: t.numpy() for n, t in zip(session.input_names, feeds)})
-        diffs = [float(np.abs(got[n].astype(np.float32) - r).max()) for n, r in zip(session.output_names, ref)]
+        got = run(feeds)
+        diffs = [float(np.abs(g.astype(np.float32) - r).max()) for g, r in zip(got, ref)]
         report[name] = {"logits": diffs[0], "kv": max(diffs[1:1 + 2 * geo.num_layers])}
-        if "hidden" in session.output_names:
+        if len(ref) > 1 + 2 * geo.num_layers:
             report[name]["hidden"] = diffs[-1]
-        if max(report[name].values()) > TOLERANCE[dtype]:
+        report[name]["argmax_agreement"] = float((got[0].argmax(-1) == ref[0].argmax(-1)).mean())
+        worst = max(v for k, v in report[name].items() if k != "argmax_agreement")
+        if worst > tolerance:
             raise ExportError(f"parity check failed for shape {name!r} (Q={feeds[0].shape[1]}): max |ORT - torch| "
                               f"logits {diffs[0]:.2e}, K/V {report[name]['kv']:.2e} > tolerance "
-                              f"{TOLERANCE[dtype]:.0e} ({dtype})")
+                              f"{tolerance:.0e} ({dtype})")
     return report
 
 
+def choose_kv_layout(model, cfg: ExportConfig) -> str:
+    """The graph to build: "in_place" (the fused graph) where the model has one, else "time_major" (traced)."""
+    from .fused_graph import fused_unsupported
+
+    if cfg.graph == "traced":
+        return "time_major"
+    reason = fused_unsupported(model, cfg.dtype, cfg.max_len)
+    if reason is None:
+        return "in_place"
+    if cfg.graph == "fused":
+        raise ExportError(f"--graph fused: {reason}; use --graph traced (or auto)")
+    return "time_major"
+
+
 def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
-    """Export one model to ``path``; returns its manifest entry (without role/tokenizer hash)."""
+    """Export one model to ``path`` (fused or traced, then quantized if asked); returns its manifest entry."""
+    from .fused_graph import build_fused_graph, run_in_place
+
     geo = geometry(model)
     wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden)
+    layout = choose_kv_layout(model, cfg)
+    cases = parity_cases(wrapper, geo, cfg)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    big = n_bytes > EXTERNAL_DATA_BYTES
+    t0 = time.time()
+    if layout == "in_place":
+        import onnx
+
+        proto = build_fused_graph(model, cfg.max_len, cfg.with_hidden)
+        onnx.save(proto, str(path), save_as_external_data=big, location=path.name + ".data")
+    else:
+        trace_graph(wrapper, geo, path, cfg, big)
+    seconds = time.time() - t0
+
+    def run(engine):
+        if layout == "in_place":
+            return lambda feeds: run_in_place(engine, feeds, cfg.max_len)
+        return lambda feeds: [engine.run({n: t.numpy() for n, t in zip(engine.input_names, feeds)})[n]
+                              for n in engine.output_names]
+
+    report = check_parity(run(OrtEngine(path)), cases, geo, cfg.dtype, TOLERANCE[cfg.dtype])
+    entry = {}
+    if cfg.quantize:
+        from .quantize import QUANT_TOLERANCE, QuantizeError, quantize_graph
+
+        try:
+            entry["quantization"] = quantize_graph(path, cfg.quantize, external_data=big)
+        except QuantizeError as e:
+            raise ExportError(str(e)) from None
+        # against the fp32 model: the quantized model is a (slightly) different one
+        report = check_parity(run(OrtEngine(path)), cases, geo, cfg.quantize, QUANT_TOLERANCE[cfg.quantize])
+    in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden)
+    return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
+            "kv_layout": layout, "quantize": cfg.quantize, **entry,
+            "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
+            "export_seconds": round(seconds, 1), "parity_max_abs_diff": report,
+            "tolerance": QUANT_TOLERANCE[cfg.quantize] if cfg.quantize else TOLERANCE[cfg.dtype]}
+
+
+def trace_graph(wrapper, geo, path: Path, cfg: ExportConfig, big: bool) -> None:
+    """The time-major graph, traced from the torch wrapper by torch.onnx."""
     inputs, outputs = io_names(geo.num_layers, cfg.with_hidden)
-    dtype = TORCH_DTYPES[cfg.dtype]
-    example = random_feeds(geo, dtype, past_len=3, q=2)
+    example = random_feeds(geo, TORCH_DTYPES[cfg.dtype], past_len=3, q=2)
     axes = {"input_ids": {0: "batch", 1: "query"}, "position_ids": {0: "batch", 1: "query"},
             "attention_mask": {0: "batch", 2: "query", 3: "total"}, "logits": {0: "batch", 1: "query"}}
     axes.update({n: {0: "past", 1: "batch"} for n in inputs[3:]})
     axes.update({n: {0: "query", 1: "batch"} for n in outputs[1 : 1 + 2 * geo.num_layers]})
     if cfg.with_hidden:
         axes["hidden"] = {0: "batch", 1: "query"}
-    cases = parity_cases(wrapper, geo, cfg)
-    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    t0 = time.time()
     with torch.no_grad():
         torch.onnx.export(wrapper, tuple(example), str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=axes, opset_version=cfg.opset, dynamo=False)
-    if n_bytes > EXTERNAL_DATA_BYTES:
+    if big:
         import onnx
 
         proto = onnx.load(str(path))
         onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data")
-    seconds = time.time() - t0
-    report = check_parity(OrtEngine(path), cases, geo, cfg.dtype)
-    kv = "float16" if cfg.dtype == "fp16" else "float32"
-    shape = {"input_ids": ["batch", "query"], "position_ids": ["batch", "query"],
-             "attention_mask": ["batch", 1, "query", "past+query"]}
-    in_specs = [{"name": n, "dtype": "int64" if n in ("input_ids", "position_ids") else kv,
-                 "shape": shape.get(n, ["past", "batch", geo.num_kv_heads, geo.head_dim])} for n in inputs]
+
+
+def io_specs(geo, layout: str, dtype: str, with_hidden: bool) -> tuple[list, list]:
+    """The manifest's inputs/outputs lists ({"name", "dtype", "shape"}) of a graph (docs/engine-format.md)."""
+    inputs, outputs = io_names(geo.num_layers, with_hidden, layout)
+    kv = "float16" if dtype == "fp16" else "float32"
+    kv_shape = (["batch", geo.num_kv_heads, "max_len", geo.head_dim] if layout == "in_place"
+                else ["past", "batch", geo.num_kv_heads, geo.head_dim])
+    new_shape = kv_shape if layout == "in_place" else ["query", "batch", geo.num_kv_heads, geo.head_dim]
+    fixed = {"input_ids": ("int64", ["batch", "query"]), "position_ids": ("int64", ["batch", "query"]),
+             "attention_mask": (kv, ["batch", 1, "query", "past+query"]), "seqlens_k": ("int32", ["batch"]),
+             "total_sequence_length": ("int32", [])}
+    in_specs = [{"name": n, "dtype": fixed.get(n, (kv,))[0], "shape": fixed.get(n, (kv, kv_shape))[1]} for n in inputs]
     out_specs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "query", geo.vocab_size]}]
-    out_specs += [{"name": n, "dtype": kv, "shape": ["query", "batch", geo.num_kv_heads, geo.head_dim]}
-                  for n in outputs[1:1 + 2 * geo.num_layers]]
-    if cfg.with_hidden:
+    out_specs += [{"name": n, "dtype": kv, "shape": new_shape} for n in outputs[1:1 + 2 * geo.num_layers]]
+    if with_hidden:
         out_specs.append({"name": "hidden", "dtype": kv, "shape": ["batch", "query", geo.hidden_size]})
-    return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
-            "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
-            "export_seconds": round(seconds, 1), "parity_max_abs_diff": report, "tolerance": TOLERANCE[cfg.dtype]}
+    return in_specs, out_specs
 
 
 def eos_ids(model_dir: Path, model) -> list[int]:
@@ -204,6 +268,11 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
         raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
                           f"dtype={cfg.dtype!r} (fp32|fp16)")
+    if cfg.graph not in ("auto", "fused", "traced"):
+        raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
+    for q in (cfg.quantize, cfg.draft_quantize):
+        if q not in (None, "same", "int8", "int4") or (q == "same" and q is cfg.quantize):
+            raise ExportError(f"invalid export config: quantize={q!r} (int8|int4, or none)")
     target_dir, final = Path(target_dir), Path(out_dir)
     tok_src = target_dir / "tokenizer.json"
     if not tok_src.is_file():
@@ -293,6 +362,8 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
         if role == "draft":  # (its vocabulary was checked against the target's before any export)
             vocab = vocab_sha256(src / "tokenizer.json")
         role_cfg = cfg
+        if role == "draft" and cfg.draft_quantize != "same":
+            role_cfg = replace(cfg, quantize=cfg.draft_quantize)
         if role == "target" and heads_cfg:
             from .medusa_heads import HeadsError, check_heads_match
 
@@ -329,9 +400,11 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
                 shapes["tree_verify"] = eagle_tree["nodes"]
         models[role] = {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}
         p = entry["parity_max_abs_diff"]
-        log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, exported in {entry['export_seconds']} s; "
-            "max |ORT - torch| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
-            f" (tolerance {TOLERANCE[cfg.dtype]:.0e})")
+        graph = ("fused" if entry["kv_layout"] == "in_place" else "traced") + (
+            f", {entry['quantize']}" if entry["quantize"] else "")
+        log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, {graph} graph, exported in {entry['export_seconds']} s; "
+            "max |ORT - torch" + (" fp32" if entry["quantize"] else "") + "| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
+            f" (tolerance {entry['tolerance']:.0e})")
         del model
     medusa = _export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
     eagle = _export_eagle(eagle_dir, eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None

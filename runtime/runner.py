@@ -33,6 +33,7 @@ class Pass:
     slots: np.ndarray  # int64 [R] the cache slot of each row
     logits: np.ndarray  # float32 [R, Q, V]
     outputs: dict  # every graph output by name: new K/V [Q, R, Hkv, D], "hidden" [R, Q, H] where exported
+    lengths: np.ndarray | None = None  # int64 [R] each row's length at forward time (InPlaceRunner's commit)
 
 
 class Runner:
@@ -97,8 +98,13 @@ class HostRunner(Runner):
         self.calls = 0
 
     @classmethod
-    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "HostRunner":
-        """A runner for a target or draft graph described by a manifest ``GraphSpec``."""
+    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "Runner":
+        """A runner for a target or draft graph described by a manifest ``GraphSpec``: an
+        ``InPlaceRunner`` for a fused graph on ONNX Runtime, else a ``HostRunner``."""
+        if spec.kv_layout == "in_place" and getattr(engine, "session", None) is not None:
+            from .in_place import InPlaceRunner
+
+            return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call)
         g = spec.geometry
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
                    int(spec.shapes.get("prefill", 128)), on_call)

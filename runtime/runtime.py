@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contract import io_names
 from ..engines import EngineError, open_engine
 from ..engines.manifest import GraphSpec, Manifest, load_manifest
 from .batch_policy import LatencyCurve
@@ -64,17 +65,19 @@ class Generation:
         return GenerationOutput(h["token_ids"], h["text"], h["finish_reason"], h["stats"])
 
 
-ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32", "tensor(float16)": "float16"}
 
 
 def check_graph(engine, spec: GraphSpec) -> None:
     """The graph's inputs must be the manifest's: names in order and, where the engine reports them
     (ONNX Runtime), dtypes and fixed dimensions. The error names the first mismatch."""
+    session = getattr(engine, "session", None)
     expected = [i["name"] for i in spec.inputs]
+    if session is None:  # the torch / TensorRT backends run the traced graph's contract
+        expected = io_names(spec.geometry.num_layers, spec.has_hidden)[0]
     if list(engine.input_names) != expected:
         raise EngineError(f"{spec.file}: graph inputs {engine.input_names[:4]}... do not match "
                           f"the manifest ({expected[:4]}...): the engine dir is inconsistent")
-    session = getattr(engine, "session", None)
     for meta, want in zip(session.get_inputs() if session is not None else (), spec.inputs):
         dtype = ORT_TYPES.get(meta.type, meta.type)
         fixed = [(a, b) for a, b in zip(meta.shape, want["shape"]) if isinstance(a, int) and isinstance(b, int)]

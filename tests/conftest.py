@@ -24,14 +24,15 @@ def build_engine(tmp_path_factory):
 
     cache: dict = {}
 
-    def build(name, target, draft=None, gamma=4, max_len=64, prefill_chunk=16, dtype="fp32"):
+    def build(name, target, draft=None, gamma=4, max_len=64, prefill_chunk=16, dtype="fp32", graph="auto",
+              quantize=None):
         if name not in cache:
             root = tmp_path_factory.mktemp(name)
             t = make_model(root / "target", **target)
             d = make_model(root / "draft", **draft) if draft else None
             cache[name] = export_engine(t, root / "engine", draft_dir=d, log=lambda *_: None,
                                         cfg=ExportConfig(gamma=gamma, max_len=max_len, prefill_chunk=prefill_chunk,
-                                                                     dtype=dtype))
+                                                         dtype=dtype, graph=graph, quantize=quantize))
         return cache[name]
 
     return build

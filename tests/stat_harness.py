@@ -23,12 +23,19 @@ P_MIN = 1e-4
 
 
 def exact_joint(model, prompt: list[int], sampling: dict, vocab: int) -> np.ndarray:
-    """P[t1, t2, t3] of the target under ``sampling`` (no EOS: the test models have none)."""
+    """P[t1, t2, t3] of the target under ``sampling`` (no EOS: the test models have none).
+
+    model: the torch target, or a function seqs [N, S] -> next-token logits [N, V] (e.g. ``graph_logits``:
+    the exported graph itself, the reference of a quantized target).
+    """
     ref = {"temperature": 1.0, **{k: v for k, v in sampling.items() if k in ("temperature", "top_k", "top_p", "min_p")}}
 
     def dist(seqs):
-        with torch.no_grad():
-            logits = model(torch.tensor(seqs)).logits[:, -1].double().numpy()
+        if isinstance(model, torch.nn.Module):
+            with torch.no_grad():
+                logits = model(torch.tensor(seqs)).logits[:, -1].double().numpy()
+        else:
+            logits = np.asarray(model(seqs), dtype=np.float64)
         return reference_probs(logits, **ref)
 
     p1 = dist([prompt])[0]  # [V]
@@ -36,6 +43,13 @@ def exact_joint(model, prompt: list[int], sampling: dict, vocab: int) -> np.ndar
     pairs = list(itertools.product(range(vocab), repeat=2))
     p3 = dist([prompt + [a, b] for a, b in pairs]).reshape(vocab, vocab, vocab)
     return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def graph_logits(graph, max_len: int = 64):
+    """seqs -> next-token logits [N, V] of a ``Runtime`` graph, each sequence from scratch (plain decoding)."""
+    from reference import fresh_logits
+
+    return lambda seqs: np.stack([fresh_logits(graph, list(s), max_len) for s in seqs])
 
 
 def chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:

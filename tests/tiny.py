@@ -51,6 +51,7 @@ def make_model(out: Path, arch: str = "llama", vocab_size: int = 32, hidden: int
 
 
 ARCHS = ["llama", "qwen2", "mistral", "gpt2"]  # the architectures every export test covers
+FUSED_ARCHS = ["llama", "qwen2", "mistral"]  # ... and those with a fused graph (export/fused_graph.py)
 
 # ---- a tiny target with Medusa heads and with an EAGLE head, trained on text it wrote ----------------
 HEADS_V = 16  # vocabulary of the heads' target

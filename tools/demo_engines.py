@@ -5,6 +5,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from ..engines.manifest import SCHEMA_VERSION
+
 DEMO_MODELS = Path(__file__).parent / "demo_models"  # target, draft, medusa, eagle, tokenizer
 
 
@@ -14,7 +16,7 @@ def cache_dir() -> Path:
 
 def demo_engine_dir(gamma: int = 4, max_len: int = 1024, log=print) -> Path:
     """Export demo_models/{target,draft} into the cache unless present; returns the engine dir."""
-    h = hashlib.sha256(f"{gamma}/{max_len}".encode())
+    h = hashlib.sha256(f"{gamma}/{max_len}/schema{SCHEMA_VERSION}".encode())  # a new graph format: a new export
     for role in ("target", "draft"):
         h.update((DEMO_MODELS / role / "model.safetensors").read_bytes())
     out = cache_dir() / f"demo-{h.hexdigest()[:12]}"
@@ -32,7 +34,7 @@ def tree_engine(kind: str) -> Path:
     from ..export.onnx_export import ExportConfig, export_engine
     from ..trees import load_tree
 
-    out = cache_dir() / f"bench-{kind}"
+    out = cache_dir() / f"bench-{kind}-schema{SCHEMA_VERSION}"
     if not (out / "manifest.json").is_file():
         extra = ({"medusa_dir": DEMO_MODELS / "medusa", "tree": load_tree("medusa-8")} if kind == "medusa"
                  else {"eagle_dir": DEMO_MODELS / "eagle"})

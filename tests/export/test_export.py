@@ -5,19 +5,38 @@ import numpy as np
 import pytest
 import torch
 
-from tiny import ARCHS, make_model
+from tiny import ARCHS, FUSED_ARCHS, make_model
 from reference import fresh_runner
 from specrt.engines import OrtEngine
+from specrt.engines.manifest import load_manifest
+from specrt.export.fused_graph import run_in_place
 from specrt.export.onnx_export import ExportConfig, example_tree_mask, load_hf, random_feeds
 from specrt.engines.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
 
 TOL = 1e-4  # max |ORT - torch| on logits and K/V for these fp32 tiny models (logits scaled to O(10))
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+GRAPHS = [(a, "traced") for a in ARCHS] + [(a, "fused") for a in FUSED_ARCHS]
+
+
+@pytest.fixture(scope="module", params=GRAPHS, ids=lambda p: "-".join(p))
 def arch_engine(request, build_engine):
-    arch = request.param
-    return arch, build_engine(f"arch_{arch}", dict(arch=arch, scale=20.0), max_len=48, gamma=4)
+    """(arch, engine dir) of a tiny model per family and graph kind (fused needs head_dim 16: hidden 64)."""
+    arch, graph = request.param
+    target = dict(arch=arch, scale=20.0, **({"hidden": 64} if graph == "fused" else {}))
+    engine_dir = build_engine(f"arch_{arch}_{graph}", target, max_len=48, gamma=4, graph=graph)
+    assert load_manifest(engine_dir).target.kv_layout == ("in_place" if graph == "fused" else "time_major")
+    return arch, engine_dir
+
+
+def run_target(engine_dir, feeds) -> list[np.ndarray]:
+    """The target graph's outputs on traced-graph feeds (logits, new K/V, [hidden]), either layout."""
+    m = load_manifest(engine_dir)
+    sess = OrtEngine(engine_dir / "target.onnx")
+    if m.target.kv_layout == "in_place":
+        return run_in_place(sess, feeds, m.max_len)
+    got = sess.run({n: t.numpy() for n, t in zip(sess.input_names, feeds)})
+    return [got[n] for n in sess.output_names]
 
 
 @pytest.mark.parametrize("shape", [(7, 1, False), (7, 5, False), (0, 37, False), (9, 8, True)],
@@ -30,11 +49,10 @@ def test_ort_matches_torch(arch_engine, shape):
     feeds = random_feeds(geo, torch.float32, past, q, example_tree_mask() if tree else None, seed=3)
     with torch.no_grad():
         ref = [t.numpy() for t in DecoderWrapper(model)(*feeds)]
-    sess = OrtEngine(engine_dir / "target.onnx")
-    got = sess.run({n: t.numpy() for n, t in zip(sess.input_names, feeds)})
+    got = run_target(engine_dir, feeds)
     assert np.abs(ref[0]).max() > 1.0  # logits are not trivially tiny
-    for name, r in zip(sess.output_names, ref):
-        np.testing.assert_allclose(got[name], r, atol=TOL, rtol=0, err_msg=name)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        np.testing.assert_allclose(g, r, atol=TOL, rtol=0, err_msg=f"output {i}")
 
 
 def test_tree_node_logits_equal_chain(arch_engine):

@@ -6,7 +6,7 @@ import specrt
 from specrt.export.onnx_export import load_hf
 from specrt.runtime import verify
 from specrt.runtime.sampling import sample
-from stat_harness import P_MIN, exact_joint, p_values, run_trials
+from stat_harness import P_MIN, exact_joint, graph_logits, p_values, run_trials, run_trials_batched
 
 V = 16
 TRIALS = 2500
@@ -70,6 +70,35 @@ def test_adaptive_gamma_is_exact(engines, target_model):
     rt = specrt.load(engines["weak"])
     counts, _ = run_trials(rt, PROMPT, TRIALS, V, method="draft", temperature=1.0)
     assert min(p_values(counts, exact_joint(target_model, PROMPT, {}, V)).values()) > P_MIN
+
+
+FUSED_TARGET = dict(TARGET, hidden=64)  # head_dim 16: the fused graph (kv_layout in_place)
+
+
+@pytest.fixture(scope="module")
+def fused_engines(build_engine):
+    """The fused target (and the weak draft) in fp32, and quantized to int8 and int4."""
+    return {q: build_engine(f"exact_fused_{q}", FUSED_TARGET, DRAFTS["weak"], gamma=3, max_len=32,
+                            quantize=None if q == "fp32" else q) for q in ("fp32", "int8", "int4")}
+
+
+@pytest.mark.parametrize("quantize,method,batched", [
+    ("fp32", "draft", False), ("fp32", "draft", True), ("fp32", "ngram", True),
+    ("int8", "draft", False), ("int4", "draft", True)], ids=str)
+def test_fused_and_quantized_graphs_are_exact(fused_engines, quantize, method, batched):
+    """Exact with respect to the graph's own target: the quantized model's distribution, not fp32's."""
+    rt = specrt.load(fused_engines[quantize])
+    assert rt.manifest.target.kv_layout == "in_place" and rt.manifest.target.quantize == (None if quantize == "fp32"
+                                                                                            else quantize)
+    base = [3, 1, 4, 1, 5]
+    cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
+    prompt = base + cont + base + cont[:1]  # n-gram lookups find proposals
+    sampling = dict(temperature=1.0)
+    run = run_trials_batched if batched else run_trials
+    counts, totals = run(rt, prompt, TRIALS, V, method=method, gamma=2, **sampling)
+    pv = p_values(counts, exact_joint(graph_logits(rt.target, 32), prompt, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["accepted"] > 0
 
 
 def naive_argmax_rule(tokens, q, p, rng):

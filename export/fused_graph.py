@@ -1,0 +1,182 @@
+"""The fused decoder graph: a Llama-family model written op by op with ONNX Runtime's fused kernels.
+
+``torch.onnx`` traces HF attention into ~600 small nodes per step (RoPE slices, mask arithmetic,
+transposes) and concatenates the whole past K/V inside the graph every call (docs/decode-step-study).
+This builder writes the same function from the HF weights with ~11 nodes per layer:
+
+    Gather(embed) -> per layer:
+        (Skip)SimplifiedLayerNormalization -> MatMul(packed QKV) [+ Add(bias)]
+        -> GroupQueryAttention(do_rotary, cos/sin caches, position_ids, attention_bias = the mask)
+        -> MatMul(o_proj) -> SkipSimplifiedLayerNormalization -> gate/up MatMul, SiLU, Mul -> down MatMul
+    -> SkipSimplifiedLayerNormalization(final norm) -> MatMul(lm_head)
+
+K/V are head-major [B, Hkv, max_len, D] and ``past_*`` / ``present_*`` are meant to be ONE buffer per
+layer (ORT's shared past/present buffer): GroupQueryAttention writes the Q new entries in place at
+[seqlens_k + 1 - Q, seqlens_k + 1) of each row, so no step copies the past (contract.KV_IN_PLACE).
+The additive mask and position_ids are the ones the traced graph takes, so chains, trees and
+stale cache entries work unchanged. ONNX Runtime's CPU kernel runs Q > 1 only at batch 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..contract import io_names
+
+FUSED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def fused_unsupported(model, dtype: str, max_len: int) -> str | None:
+    """Why ``model`` cannot get the fused graph (None: it can)."""
+    arch = type(model).__name__
+    cfg = model.config
+    if arch not in FUSED_ARCHITECTURES:
+        return f"{arch} has no fused graph builder (fused: {', '.join(FUSED_ARCHITECTURES)})"
+    if dtype != "fp32":
+        return "the fused graph is built in fp32 only (ONNX Runtime's CPU kernels compute fp16 graphs in fp32)"
+    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    if window is not None and window < max_len:
+        return f"sliding-window attention (window {window} < max_len {max_len}) is not built into the fused graph"
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if head_dim % 16:
+        return f"head_dim {head_dim} (ONNX Runtime's GroupQueryAttention needs a multiple of 16)"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} (the fused graph has SiLU)"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    return None
+
+
+def rotary_caches(model, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin [max_len, D/2] from the model's own rotary module (any HF rope scaling, attention scaling)."""
+    rotary = model.model.rotary_emb
+    positions = torch.arange(max_len)[None]
+    x = torch.zeros(1, dtype=torch.float32)
+    with torch.no_grad():
+        cos, sin = rotary(x, positions)  # [1, max_len, D]: the two halves repeat (rotate_half layout)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
+
+
+class _Graph:
+    """Nodes and fp32 initializers under construction."""
+
+    def __init__(self):
+        self.nodes, self.inits = [], []
+
+    def weight(self, name: str, tensor) -> str:
+        from onnx import numpy_helper
+
+        arr = tensor.detach().float().numpy() if isinstance(tensor, torch.Tensor) else tensor
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
+        return name
+
+    def node(self, op: str, inputs: list, outputs: list, ms: bool = False, **attrs) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=outputs[0], domain="com.microsoft" if ms else "",
+                                           **attrs))
+        return outputs[0]
+
+    def linear(self, x: str, module, name: str, out: str) -> str:
+        """x @ W.T (+ b) for an nn.Linear."""
+        y = self.node("MatMul", [x, self.weight(name + ".weight", module.weight.T)], [out if module.bias is None else out + "_mm"])
+        if module.bias is not None:
+            y = self.node("Add", [y, self.weight(name + ".bias", module.bias)], [out])
+        return y
+
+
+def build_fused_graph(model, max_len: int, with_hidden: bool = False):
+    """The fused graph of a Llama-family HF model as an ``onnx.ModelProto`` (see the module docstring)."""
+    from onnx import TensorProto, helper
+
+    cfg = model.config
+    layers = model.model.layers
+    n_layers, heads = len(layers), cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    eps = float(cfg.rms_norm_eps)
+    g = _Graph()
+    cos, sin = rotary_caches(model, max_len)
+    g.weight("cos_cache", cos)
+    g.weight("sin_cache", sin)
+    x = g.node("Gather", [g.weight("embed", model.model.embed_tokens.weight), "input_ids"], ["embedded"])
+    resid, branch = x, None  # the residual stream, and the branch still to be added to it
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        ln1 = g.weight(f"l{i}.ln1", layer.input_layernorm.weight)
+        if branch is None:
+            normed = g.node("SimplifiedLayerNormalization", [resid, ln1], [f"l{i}.n1"], axis=-1, epsilon=eps,
+                            stash_type=1)
+        else:
+            normed = g.node("SkipSimplifiedLayerNormalization", [resid, branch, ln1], [f"l{i}.n1", "", "", f"l{i}.r1"],
+                            ms=True, epsilon=eps)
+            resid = f"l{i}.r1"
+        packed = torch.nn.Linear(1, 1)  # q, k and v as one projection
+        packed.weight = torch.nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        packed.bias = (None if attn.q_proj.bias is None else
+                       torch.nn.Parameter(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])))
+        qkv = g.linear(normed, packed, f"l{i}.qkv", f"l{i}.qkv")
+        att = g.node("GroupQueryAttention",
+                     [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
+                      "cos_cache", "sin_cache", "position_ids", "attention_mask"],
+                     [f"l{i}.att", f"present_key.{i}", f"present_value.{i}"], ms=True, num_heads=heads,
+                     kv_num_heads=kv_heads, scale=float(head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
+                     local_window_size=-1)
+        o = g.linear(att, attn.o_proj, f"l{i}.o", f"l{i}.o")
+        normed = g.node("SkipSimplifiedLayerNormalization",
+                        [resid, o, g.weight(f"l{i}.ln2", layer.post_attention_layernorm.weight)],
+                        [f"l{i}.n2", "", "", f"l{i}.r2"], ms=True, epsilon=eps)
+        resid = f"l{i}.r2"
+        gate = g.linear(normed, mlp.gate_proj, f"l{i}.gate", f"l{i}.gate")
+        up = g.linear(normed, mlp.up_proj, f"l{i}.up", f"l{i}.up")
+        silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], [f"l{i}.sig"])], [f"l{i}.silu"])
+        branch = g.linear(g.node("Mul", [silu, up], [f"l{i}.act"]), mlp.down_proj, f"l{i}.down", f"l{i}.down")
+    hidden = g.node("SkipSimplifiedLayerNormalization", [resid, branch, g.weight("norm", model.model.norm.weight)],
+                    ["hidden" if with_hidden else "final", "", "", ""], ms=True, epsilon=eps)
+    g.linear(hidden, model.get_output_embeddings(), "lm_head", "logits")
+
+    inputs, outputs = io_names(n_layers, with_hidden, "in_place")
+    f32, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
+    in_types = {"input_ids": (i64, ["batch", "query"]), "position_ids": (i64, ["batch", "query"]),
+                "attention_mask": (f32, ["batch", 1, "query", "total"]), "seqlens_k": (i32, ["batch"]),
+                "total_sequence_length": (i32, [])}
+    kv = (f32, ["batch", kv_heads, "max_len", head_dim])
+    out_types = {"logits": (f32, ["batch", "query", cfg.vocab_size]), "hidden": (f32, ["batch", "query", cfg.hidden_size])}
+    value_info = [helper.make_tensor_value_info(n, *in_types.get(n, kv)) for n in inputs]
+    graph = helper.make_graph(g.nodes, "specrt_fused_decoder", value_info,
+                              [helper.make_tensor_value_info(n, *out_types.get(n, kv)) for n in outputs], g.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    proto.ir_version = 9
+    return proto
+
+
+def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = np.nan) -> list[np.ndarray]:
+    """Run the fused graph on a traced-graph parity case (the traced graph's inputs, batch 1).
+
+    The time-major past [P, 1, Hkv, D] goes into head-major buffers of ``max_len`` entries whose
+    stale part is filled with ``stale`` (NaN: a stale entry that leaked into a result would show);
+    returns the traced graph's outputs: logits, the new K/V read back from the buffers at [P, P+Q)
+    as [Q, 1, Hkv, D], and hidden where the graph has it.
+    """
+    from ..engines.ort import Binding
+
+    ids, positions, mask, *past = feeds
+    p, q = past[0].shape[0], ids.shape[1]
+    binding = Binding(engine)
+    caches = []
+    for name, t in zip([n for n in engine.input_names if n.startswith("past_")], past):
+        buf = np.full((1, t.shape[2], max_len, t.shape[3]), stale, dtype=np.float32)
+        buf[0, :, :p] = t.float().numpy()[:, 0].transpose(1, 0, 2)
+        binding.cache(name, name.replace("past_", "present_"), buf)
+        caches.append(buf)
+    binding.inputs(input_ids=ids.numpy(), position_ids=positions.numpy(), attention_mask=mask.float().numpy(),
+                   seqlens_k=np.array([p + q - 1], np.int32), total_sequence_length=np.array(p + q, np.int32))
+    for name in engine.output_names:
+        if not name.startswith("present_"):
+            width = engine.session.get_outputs()[engine.output_names.index(name)].shape[-1]
+            binding.output(name, np.empty((1, q, width), np.float32))
+    outs = binding.run()
+    new = [buf[0, :, p:p + q].transpose(1, 0, 2)[:, None] for buf in caches]  # [Q, 1, Hkv, D]
+    return [outs["logits"], *new] + ([outs["hidden"]] if "hidden" in outs else [])

@@ -1,0 +1,163 @@
+"""An ``InPlaceRunner`` runs a fused graph (kv_layout "in_place") whose attention writes the KV cache itself.
+
+The cache is head-major, ``data`` [2 * layers, slots, Hkv, max_len, D], one plane per layer K or V,
+and each plane's rows are bound ONCE to the graph as both ``past_*`` and ``present_*`` (ORT's
+shared past/present buffer): a call writes row r's Q new entries at [lengths[r], lengths[r] + Q)
+and copies no past. ``lengths`` [slots] counts the valid entries; everything after is stale and
+never read (mask column t of a row is its entry t).
+
+The same protocol as ``HostRunner``: ``forward`` returns a ``Pass`` and changes no length;
+``commit(pass, keep)`` makes row r's kept new positions valid: a chain keeps a prefix (rollback
+= set the length, no copy), a tree keeps the root and the accepted path, moved down over the
+rejected nodes (a few rows per layer). Commit a slot's pass before the next forward on that slot.
+
+ONNX Runtime's CPU GroupQueryAttention runs several rows together only for Q = 1: a call over
+R > 1 rows with Q > 1 runs row by row (each still in place), timed as one call.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..contract import MASK_MIN, batch_mask, chain_mask, past_names, present_names
+from ..engines import EngineError, OrtEngine
+from ..engines.ort import Binding
+from .runner import CacheFullError, Pass, Runner
+
+
+class InPlaceRunner(Runner):
+    """One fused graph on ONNX Runtime's CPU provider and the in-place cache of ``max_batch`` slots."""
+
+    def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
+                 hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None):
+        if not isinstance(engine, OrtEngine) or engine.io_binding:
+            raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
+                              "export with --graph traced for the torch backend, CUDA or TensorRT")
+        self.engine = engine
+        self.dtype = np.float32
+        self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
+        self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len, head_dim), dtype=np.float32)
+        self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
+        self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
+        self.bindings: dict[tuple[int, int], Binding] = {}  # (first slot, rows) -> a binding of those cache rows
+        self.on_call = on_call
+        self.engine_seconds = 0.0
+        self.calls = 0
+
+    @classmethod
+    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "InPlaceRunner":
+        g = spec.geometry
+        return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
+                   g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call)
+
+    def binding(self, first: int, rows: int) -> Binding:
+        """The binding whose cache inputs/outputs are slots [first, first + rows) (made once)."""
+        key = (first, rows)
+        if key not in self.bindings:
+            b = Binding(self.engine)
+            for j, (past, present) in enumerate(self.names):
+                b.cache(past, present, self.data[j, first : first + rows])
+            self.bindings[key] = b
+        return self.bindings[key]
+
+    # ---- running ----------------------------------------------------------------------------
+    def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
+                record: bool = True) -> Pass:
+        """Run ``ids`` [R, Q] after each slot's valid entries (see ``HostRunner.forward``); the new
+        K/V land in the stale part of each slot, valid only once committed."""
+        if past_visible is not None or feeds:
+            raise ValueError("InPlaceRunner: past_visible and extra feeds are not part of the fused graph")
+        slots = np.asarray(slots, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        r, q = ids.shape
+        lengths = self.lengths[slots].copy()  # [R]
+        if positions is None:
+            offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
+            for b, d in enumerate(depths or ()):
+                if d is not None:
+                    offsets[b, : len(d)] = d
+            positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
+        positions = np.asarray(positions, dtype=np.int64)
+        logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
+        hidden = None if self.hidden_size is None else np.zeros((r, q, self.hidden_size), dtype=np.float32)
+        if q == 1 and r > 1:
+            groups = consecutive_runs(slots)
+        else:
+            groups = [np.array([b]) for b in range(r)]
+
+        def run_groups():
+            for rows in groups:
+                self._run(rows, slots, ids, lengths, positions, blocks, logits, hidden)
+
+        self._timed(run_groups, r, q, record)
+        return Pass(slots, logits, {"logits": logits, **({"hidden": hidden} if hidden is not None else {})}, lengths)
+
+    def _run(self, rows, slots, ids, lengths, positions, blocks, logits, hidden) -> None:
+        """One graph call over ``rows`` (indices into the pass; their slots are consecutive)."""
+        q = ids.shape[1]
+        lens = lengths[rows]
+        n = min(q, self.max_len - int(lens.max()))  # padding that would run past the cache is cut
+        if n < 1 or (len(rows) > 1 and n < q):
+            raise CacheFullError(f"KV cache full: lengths {lens.tolist()} + {q} > max_len {self.max_len}")
+        total = int(lens.max()) + n
+        if len(rows) == 1:
+            block = None if blocks is None else blocks[rows[0]]
+            mask = (chain_mask(int(lens[0]), n) if block is None
+                    else batch_mask(lens, n, [block[:n, :n]]))  # [1, 1, n, L + n]: the row's own entries
+        else:  # Q = 1: row b attends to its entries [0, length_b]
+            mask = np.where(np.arange(total)[None] <= lens[:, None], 0, MASK_MIN).astype(np.float32)[:, None, None]
+        out_logits = np.empty((len(rows), n, self.vocab_size), dtype=np.float32)
+        b = self.binding(int(slots[rows[0]]), len(rows))
+        b.inputs(input_ids=ids[rows, :n], position_ids=positions[rows, :n], attention_mask=mask,
+                 seqlens_k=(lens + n - 1).astype(np.int32), total_sequence_length=np.array(total, dtype=np.int32))
+        b.output("logits", out_logits)
+        if hidden is not None:
+            out_hidden = np.empty((len(rows), n, self.hidden_size), dtype=np.float32)
+            b.output("hidden", out_hidden)
+        b.run()
+        logits[rows, :n] = out_logits
+        if hidden is not None:
+            hidden[rows, :n] = out_hidden
+
+    def commit(self, p: Pass, keep=None) -> None:
+        """Make row r's new positions ``keep[r]`` (ascending indices into Q; None: all Q) valid."""
+        q = p.logits.shape[1]
+        for r, s in enumerate(p.slots):
+            s, start = int(s), int(p.lengths[r])
+            if self.lengths[s] != start:
+                raise RuntimeError(f"slot {s} changed since this pass (length {self.lengths[s]}, pass {start})")
+            k = np.arange(q) if keep is None else np.asarray(keep[r], dtype=np.int64)
+            n = len(k)
+            if start + n > self.max_len:
+                raise CacheFullError(f"KV cache full: {start} + {n} tokens > max_len {self.max_len}")
+            if n and k[-1] != n - 1:  # not a prefix (a tree's path): move the kept entries down
+                planes = self.data[:, s]  # [2 * layers, Hkv, max_len, D]
+                planes[:, :, start : start + n] = planes[:, :, start + k]
+            self.lengths[s] = start + n
+
+    # ---- slots --------------------------------------------------------------------------------
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` entries of ``slot``."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
+        self.lengths[slot] = length
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Treat the first ``length`` entries of ``slot`` as valid (calibration on stale entries)."""
+        self.lengths[slot] = length
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
+        n = int(self.lengths[src])
+        self.data[:, dst, :, :n] = self.data[:, src, :, :n]
+        self.lengths[dst] = n
+        self.lengths[src] = 0
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
+
+def consecutive_runs(slots: np.ndarray) -> list[np.ndarray]:
+    """Row indices grouped into runs of consecutive slots: [3, 4, 7] -> [[0, 1], [2]]."""
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    return np.split(np.arange(len(slots)), breaks)
