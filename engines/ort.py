@@ -17,6 +17,7 @@ class OrtEngine:
     threads: intra-op threads (default: ORT's choice, one per physical core).
     device: "cpu" (the default) or "cuda" (= providers ["cuda"]), as for the torch backend.
     spinning: whether idle intra-op pool threads spin waiting for work (None: ORT's default, on).
+    profile_prefix: turn on ORT's profiler, writing its trace to ``<prefix>_<date>.json``.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -26,7 +27,7 @@ class OrtEngine:
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
-                 device: str | None = None, spinning: bool | None = None):
+                 device: str | None = None, spinning: bool | None = None, profile_prefix: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -46,6 +47,9 @@ class OrtEngine:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             opts.intra_op_num_threads = threads
+        if profile_prefix:  # ORT's profiler: a Chrome trace per session (``session.end_profiling()``)
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
         if spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         provider_options = provider_options or {}
@@ -124,15 +128,18 @@ class Binding:
     def inputs(self, **arrays: np.ndarray) -> None:
         for name, a in arrays.items():
             a = np.ascontiguousarray(a)
-            self.binding.bind_input(name, "cpu", 0, a.dtype, a.shape, a.ctypes.data)
+            self.binding.bind_cpu_input(name, a)  # by address, no copy
             self.bound[name] = a
 
-    def output(self, name: str, out: np.ndarray) -> None:
-        """Write output ``name`` into ``out`` (C-contiguous, of the output's exact shape) on every run."""
-        if not out.flags.c_contiguous:
-            raise ValueError(f"output buffer for {name} must be C-contiguous")
-        self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
-        self.bound[name] = self.outputs[name] = out
+    def output(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+        """The array output ``name`` is written into on every run: bound once per shape (a new shape
+        allocates and rebinds). The next run with that shape overwrites it: copy what you keep."""
+        out = self.outputs.get(name)
+        if out is None or out.shape != tuple(shape) or out.dtype != dtype:
+            out = np.empty(shape, dtype=dtype)
+            self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+            self.bound[name] = self.outputs[name] = out
+        return out
 
     def run(self) -> dict[str, np.ndarray]:
         """Run the graph; returns the arrays bound with ``output`` (the cache is written in place)."""

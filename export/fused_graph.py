@@ -173,10 +173,9 @@ def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = n
         caches.append(buf)
     binding.inputs(input_ids=ids.numpy(), position_ids=positions.numpy(), attention_mask=mask.float().numpy(),
                    seqlens_k=np.array([p + q - 1], np.int32), total_sequence_length=np.array(p + q, np.int32))
-    for name in engine.output_names:
-        if not name.startswith("present_"):
-            width = engine.session.get_outputs()[engine.output_names.index(name)].shape[-1]
-            binding.output(name, np.empty((1, q, width), np.float32))
+    for meta in engine.session.get_outputs():
+        if not meta.name.startswith("present_"):
+            binding.output(meta.name, (1, q, meta.shape[-1]))
     outs = binding.run()
     new = [buf[0, :, p:p + q].transpose(1, 0, 2)[:, None] for buf in caches]  # [Q, 1, Hkv, D]
     return [outs["logits"], *new] + ([outs["hidden"]] if "hidden" in outs else [])

@@ -270,9 +270,9 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
                           f"dtype={cfg.dtype!r} (fp32|fp16)")
     if cfg.graph not in ("auto", "fused", "traced"):
         raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
-    for q in (cfg.quantize, cfg.draft_quantize):
-        if q not in (None, "same", "int8", "int4") or (q == "same" and q is cfg.quantize):
-            raise ExportError(f"invalid export config: quantize={q!r} (int8|int4, or none)")
+    if cfg.quantize not in (None, "int8", "int4") or cfg.draft_quantize not in ("same", None, "int8", "int4"):
+        raise ExportError(f"invalid export config: quantize={cfg.quantize!r}, draft_quantize={cfg.draft_quantize!r} "
+                          "(int8|int4|None; the draft's may also be 'same')")
     target_dir, final = Path(target_dir), Path(out_dir)
     tok_src = target_dir / "tokenizer.json"
     if not tok_src.is_file():

@@ -105,6 +105,9 @@ def build_engine_plans(engine_dir, precision: str = "fp16", batches=(1,), worksp
     raw = json.loads((m.root / "manifest.json").read_text())
     records = {}
     for role, spec in m.graphs.items():
+        if spec.kv_layout == "in_place":
+            raise TrtBuildError(f"{spec.file} is a fused graph (ONNX Runtime contrib ops): TensorRT builds from "
+                                "traced graphs; export with --graph traced")
         entry = raw["models"][role]
         queries = sorted({*range(1, m.gamma + 2), *map(int, spec.shapes.values())})
         records[role] = build_plan(m.root / spec.file, m.root / "trt" / f"{role}.plan", entry, queries,

@@ -115,6 +115,9 @@ def load_device_runtime(engine_dir, device: str = "cuda", dtype: str | None = No
     for role, spec in m.graphs.items():
         shapes = sorted({*range(1, m.gamma + 2), *map(int, spec.shapes.values()), *map(int, tree_sizes)})
         torch_graphs = graphs
+        if backend != "torch" and spec.kv_layout == "in_place":
+            raise EngineError(f"{spec.file} is a fused graph (kv_layout in_place: ONNX Runtime CPU); for the "
+                              f"{backend} device backend re-export with `specrt export --graph traced`")
         if backend == "torch":
             weights, entry = find_weights(m.root / spec.file)
             core = TorchCore(weights, dev, dtype, entry=entry)

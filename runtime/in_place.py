@@ -106,16 +106,13 @@ class InPlaceRunner(Runner):
                     else batch_mask(lens, n, [block[:n, :n]]))  # [1, 1, n, L + n]: the row's own entries
         else:  # Q = 1: row b attends to its entries [0, length_b]
             mask = np.where(np.arange(total)[None] <= lens[:, None], 0, MASK_MIN).astype(np.float32)[:, None, None]
-        out_logits = np.empty((len(rows), n, self.vocab_size), dtype=np.float32)
         b = self.binding(int(slots[rows[0]]), len(rows))
         b.inputs(input_ids=ids[rows, :n], position_ids=positions[rows, :n], attention_mask=mask,
                  seqlens_k=(lens + n - 1).astype(np.int32), total_sequence_length=np.array(total, dtype=np.int32))
-        b.output("logits", out_logits)
-        if hidden is not None:
-            out_hidden = np.empty((len(rows), n, self.hidden_size), dtype=np.float32)
-            b.output("hidden", out_hidden)
+        out_logits = b.output("logits", (len(rows), n, self.vocab_size))
+        out_hidden = None if hidden is None else b.output("hidden", (len(rows), n, self.hidden_size))
         b.run()
-        logits[rows, :n] = out_logits
+        logits[rows, :n] = out_logits  # copied out: the next call of this shape rewrites the bound buffers
         if hidden is not None:
             hidden[rows, :n] = out_hidden
 

@@ -1,4 +1,4 @@
-"""`specrt bench plain|spec`: see tools/bench/spec.py (the other benchmarks: python -m specrt.tools.bench.NAME)."""
+"""`specrt bench plain|spec|peers`: see tools/bench/spec.py and peers.py (the other benchmarks: python -m specrt.tools.bench.NAME)."""
 from __future__ import annotations
 
 import click
@@ -7,9 +7,14 @@ import click
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 @click.pass_context
 def bench(ctx):
-    """Benchmarks: `plain` (specrt vs HF transformers and optimum) or `spec` (every speculative method).
+    """Benchmarks: `plain` (specrt vs HF transformers and optimum), `spec` (every speculative method) or
+    `peers` (specrt vs ONNX Runtime GenAI, llama.cpp, OpenVINO GenAI where installed).
 
-    `specrt bench --help` lists their options. Rows print as they finish, with an ETA."""
+    `specrt bench --help` / `specrt bench peers --help` list their options. Rows print as they finish."""
+    if ctx.args[:1] == ["peers"]:
+        from ..bench.peers import main as peers_main
+
+        return peers_main(ctx.args[1:])
     from ..bench.spec import main as bench_main
 
     bench_main(ctx.args)

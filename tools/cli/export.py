@@ -15,6 +15,15 @@ import click
               help="Chain-verify draft length (verify shape gamma+1; the adaptive maximum).")
 @click.option("--max-len", default=2048, show_default=True, type=click.IntRange(2), help="KV cache capacity in tokens.")
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))
+@click.option("--graph", default="auto", show_default=True, type=click.Choice(["auto", "fused", "traced"]),
+              help="fused: ONNX Runtime's fused attention/norm ops, KV cache written in place (Llama, Mistral, "
+                   "Qwen2; CPU; 1.3-2.3x faster steps); traced: torch.onnx (any family; torch/CUDA/TensorRT); "
+                   "auto: fused where the model has it.")
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
+              help="Weight-only quantization of every MatMul (ORT MatMulNBits, blocks of 32); exact w.r.t. the "
+                   "quantized target.")
+@click.option("--draft-quantize", type=click.Choice(["same", "none", "int8", "int4"]), default="same",
+              show_default=True, help="The draft's quantization (same: as --quantize).")
 @click.option("--prefill-chunk", default=128, show_default=True, type=click.IntRange(1), help="Prompt tokens per prefill call.")
 @click.option("--medusa", "medusa_dir", type=click.Path(exists=True, file_okay=False),
               help="Medusa heads dir (`specrt train medusa`): exported as medusa.onnx; the target also outputs hidden.")
@@ -33,8 +42,9 @@ import click
 @click.option("--trt", "trt", is_flag=True, help="Also build a TensorRT plan per graph (needs tensorrt and a GPU).")
 @click.option("--trt-precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
               help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
-def export(target, draft, out, force, verbose, gamma, max_len, dtype, prefill_chunk, medusa_dir, tree, torch_weights, trt,
-           trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5, eagle_topk=8):
+def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, quantize, draft_quantize, prefill_chunk,
+           medusa_dir, tree, torch_weights, trt, trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5,
+           eagle_topk=8):
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json.
 
     The engine dir appears at --out only when every graph passed its parity check."""
@@ -54,8 +64,12 @@ def export(target, draft, out, force, verbose, gamma, max_len, dtype, prefill_ch
             import_tensorrt()
         except TrtBuildError as e:
             raise click.ClickException(str(e))
+    if trt and graph == "fused":
+        raise click.ClickException("--trt builds plans from traced graphs: use --graph traced (or auto)")
+    none = {"none": None}
     cfg = ExportConfig(gamma=gamma, max_len=max_len, dtype=dtype, prefill_chunk=prefill_chunk,
-                       torch_weights=torch_weights)
+                       torch_weights=torch_weights, graph="traced" if trt else graph,
+                       quantize=none.get(quantize, quantize), draft_quantize=none.get(draft_quantize, draft_quantize))
     try:
         medusa = dict(medusa_dir=medusa_dir, tree=load_tree(tree)) if medusa_dir else {}
         if eagle_dir:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import __version__
-from ...contract import NP_DTYPES, batch_mask, io_names
+from ...contract import NP_DTYPES
 from ...runtime.core import SequenceRequest
 from ...runtime.sampling import SamplingError, SamplingParams
 from .advice import (CURVE_QS, GAMMAS, MIN_GAIN, Measurements, MethodMeasurement, fit_alpha, recommend,
@@ -67,17 +67,23 @@ def tree_mask(n: int) -> tuple[np.ndarray, np.ndarray]:
     return mask, mask.sum(axis=1) - 1
 
 
-def make_feeds(spec, batch: int, q: int, past: int, rng: np.random.Generator, tree: bool = False) -> dict:
-    """Random feeds for one call of a graph (the LM contract of docs/engine-format.md)."""
-    g, dtype = spec.geometry, NP_DTYPES[spec.dtype]
-    block, depth = tree_mask(q) if tree else (None, np.arange(q))
-    mask = batch_mask(np.full(batch, past), q, None if block is None else [block] * batch, dtype=dtype)
-    feeds = {"input_ids": rng.integers(0, g.vocab_size, (batch, q), dtype=np.int64),
-             "position_ids": np.broadcast_to(past + depth, (batch, q)).astype(np.int64),
-             "attention_mask": mask}
-    kv = (rng.standard_normal((past, batch, g.num_kv_heads, g.head_dim)) * 0.5).astype(dtype)
-    feeds.update({name: kv for name in io_names(g.num_layers, spec.has_hidden)[0][3:]})
-    return feeds
+def time_forward(runner, batch: int, q: int, past: int, rng: np.random.Generator, warmup: int, repeats: int,
+                 tree: bool = False, vocab_size: int | None = None) -> list[float]:
+    """Seconds of ``repeats`` runner calls of [batch, q] new tokens after ``past`` cached ones (stale
+    entries: timing only) with a chain or a binary-tree mask; the way decoding calls the graph."""
+    block, depth = tree_mask(q) if tree else (None, None)
+    for slot in range(batch):
+        runner.set_length(slot, past)
+    ids = rng.integers(0, vocab_size or 2, (batch, q), dtype=np.int64)
+    slots = np.arange(batch)
+    blocks, depths = ([block] * batch, [depth] * batch) if tree else (None, None)
+    out = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        runner.forward(slots, ids, blocks=blocks, depths=depths, record=False)
+        if i >= warmup:
+            out.append(time.perf_counter() - t0)
+    return out
 
 
 def time_calls(engine, feeds: dict, warmup: int, repeats: int) -> list[float]:
@@ -92,14 +98,8 @@ def time_calls(engine, feeds: dict, warmup: int, repeats: int) -> list[float]:
 
 
 def role_models(rt) -> dict:
-    """role -> Graph (engine + spec) for every graph of the engine dir that follows the LM contract."""
-    models = {}
-    for role, spec in rt.manifest.graphs.items():
-        model = getattr(rt, role, None)
-        if model is not None and [i["name"] for i in spec.inputs] == io_names(spec.geometry.num_layers,
-                                                                             spec.has_hidden)[0]:
-            models[role] = model
-    return models
+    """role -> Graph (engine + spec) of the target and draft decoder graphs."""
+    return {role: getattr(rt, role) for role in rt.manifest.graphs if getattr(rt, role, None) is not None}
 
 
 def timing_past_len(rt, cfg: ProfileConfig) -> tuple[int, list[int]]:
@@ -116,11 +116,12 @@ def graph_latencies(rt, cfg: ProfileConfig, rng) -> dict:
     out = {}
     for role, model in role_models(rt).items():
         out[role] = {}
+        runner = rt.runner(role, 1)[0]
         for shape, q in model.spec.shapes.items():
             p = 0 if shape == "prefill" else min(past, rt.manifest.max_len - int(q))
-            feeds = make_feeds(model.spec, 1, int(q), p, rng, tree=shape.startswith("tree"))
-            out[role][shape] = {"q": int(q), "past_len": p,
-                                **percentiles(time_calls(model.engine, feeds, cfg.warmup, cfg.repeats))}
+            seconds = time_forward(runner, 1, int(q), p, rng, cfg.warmup, cfg.repeats, shape.startswith("tree"),
+                                   model.spec.geometry.vocab_size)
+            out[role][shape] = {"q": int(q), "past_len": p, **percentiles(seconds)}
     heads, spec = getattr(rt, "medusa", None), getattr(rt.manifest, "medusa", None)
     if heads is not None and spec is not None:  # Medusa heads: one call on one hidden state
         hidden = rng.standard_normal((1, spec.hidden_size)).astype(NP_DTYPES[spec.dtype])
@@ -133,17 +134,19 @@ def verify_curve(rt, cfg: ProfileConfig, rng) -> list[dict]:
     """Issue item 2: T_B(Q) per batch B (target, chain mask) and the draft's T_B(1); ratios and the ridge."""
     past, qs = timing_past_len(rt, cfg)
     curves = []
+    vocab = rt.target.spec.geometry.vocab_size
     for batch in sorted(set(cfg.batches) | {1}):
-        times = [percentiles(time_calls(rt.target.engine, make_feeds(rt.target.spec, batch, q, past, rng),
-                                        cfg.warmup, cfg.repeats)) for q in qs]
+        target = rt.runner("target", batch)[0]
+        times = [percentiles(time_forward(target, batch, q, past, rng, cfg.warmup, cfg.repeats, vocab_size=vocab))
+                 for q in qs]
         med = np.array([t["median_s"] for t in times])
         ridge = ridge_q(qs, med)
         curve = {"batch": batch, "past_len": past, "q": qs, "median_s": med.tolist(),
                  "p90_s": [t["p90_s"] for t in times], "ratio": (med / med[0]).tolist(),
                  "ridge_q": ridge, "ridge_positions": ridge * batch if ridge else None}
         if rt.draft is not None:
-            draft = time_calls(rt.draft.engine, make_feeds(rt.draft.spec, batch, 1, past, rng), cfg.warmup,
-                               cfg.repeats)
+            draft = time_forward(rt.runner("draft", batch)[0], batch, 1, past, rng, cfg.warmup, cfg.repeats,
+                                 vocab_size=vocab)
             curve["draft_decode_median_s"] = float(np.median(draft))
         curves.append(curve)
     return curves

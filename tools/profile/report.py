@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measure import ProfileConfig, make_feeds, role_models, timing_past_len
+from .measure import ProfileConfig, role_models, time_forward, timing_past_len
 
 TOP_OPS = 8  # operators listed per graph in the ONNX Runtime profile summary
 
@@ -151,28 +151,23 @@ def onnx_operator_profile(rt, cfg: ProfileConfig, out: Path, threads: int | None
     Each graph is opened in a second session with profiling on and run ``cfg.repeats`` times per
     shape; the trace (Chrome trace JSON) is kept in ``out`` and its kernel times summed by operator.
     """
-    import onnxruntime as ort
+    from ...engines.ort import OrtEngine
+    from ...runtime.runner import HostRunner
 
     out.mkdir(parents=True, exist_ok=True)
     past, _ = timing_past_len(rt, cfg)
     rng = np.random.default_rng(cfg.seed)
     summary = {}
     for role, model in role_models(rt).items():
-        opts = ort.SessionOptions()
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(out / role)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            opts.intra_op_num_threads = threads
         serving = getattr(model.engine, "session", None)  # the runtime's own session: same providers
-        session = ort.InferenceSession(str(rt.manifest.root / model.spec.file), sess_options=opts,
-                                       providers=serving.get_providers() if serving else ["CPUExecutionProvider"])
+        engine = OrtEngine(rt.manifest.root / model.spec.file, threads=threads, profile_prefix=str(out / role),
+                           providers=serving.get_providers() if serving else None)
+        runner = HostRunner.for_graph(engine, model.spec, rt.manifest.max_len)
         for shape, q in model.spec.shapes.items():
             p = 0 if shape == "prefill" else min(past, rt.manifest.max_len - int(q))
-            feeds = make_feeds(model.spec, 1, int(q), p, rng, tree=shape.startswith("tree"))
-            for _ in range(cfg.repeats):
-                session.run(None, feeds)
-        trace = Path(session.end_profiling())
+            time_forward(runner, 1, int(q), p, rng, 0, cfg.repeats, shape.startswith("tree"),
+                         model.spec.geometry.vocab_size)
+        trace = Path(engine.session.end_profiling())
         summary[role] = {"trace_file": str(trace), **top_operators(json.loads(trace.read_text()))}
     return summary
 
