@@ -71,6 +71,8 @@ class InPlaceRunner(Runner):
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
         lengths = self.lengths[slots].copy()  # [R]
+        if positions is None and r == 1 and depths is None:  # the batch-1 chain
+            positions = np.arange(lengths[0], lengths[0] + q)[None]
         if positions is None:
             offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
             for b, d in enumerate(depths or ()):

@@ -45,6 +45,13 @@ def llama_engine(build_engine):
                                                                                layers=1, scale=30.0))
 
 
+@pytest.fixture(scope="session")
+def llama_fused_engine(build_engine):
+    """As ``llama_engine`` with a target of head_dim 16 (hidden 64): the fused graph (kv_layout in_place)."""
+    return build_engine("llama_fused", dict(arch="llama", seed=0, scale=30.0, hidden=64),
+                        dict(arch="llama", seed=1, hidden=16, layers=1, scale=30.0))  # draft: traced (head_dim 4)
+
+
 # ---- a tiny target with Medusa heads and with an EAGLE head, trained on text it wrote ----------------
 @pytest.fixture(scope="session")
 def medusa_trained(tmp_path_factory):

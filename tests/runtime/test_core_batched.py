@@ -15,9 +15,10 @@ PROMPTS = [[5], [3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9, 7, 8, 9, 7, 8, 9, 7, 8], lis
 MAX_NEW = [12, 30, 7, 25, 40, 1, 18]
 
 
-@pytest.fixture(scope="module")
-def rt(llama_engine):
-    return specrt.load(llama_engine)
+@pytest.fixture(scope="module", params=["traced", "fused"])
+def rt(request, llama_engine, llama_fused_engine):
+    """The same tests on a traced graph (HostRunner) and a fused one (InPlaceRunner)."""
+    return specrt.load(llama_engine if request.param == "traced" else llama_fused_engine)
 
 
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 4), ("draft", None), ("ngram", 3),
