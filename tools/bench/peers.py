@@ -5,7 +5,7 @@
 
 Every system converts the same HF checkpoint itself (specrt: `specrt export`, with --quantize for
 int8/int4; ONNX Runtime GenAI: its model builder; llama.cpp: llama-cpp-python and the GGUF converter
-of its llama.cpp sources; OpenVINO GenAI: optimum-intel's export) and decodes the same prompt
+of llama.cpp's sources (--gguf-converter), q4_0 for int4; OpenVINO GenAI: optimum-intel's export) and decodes the same prompt
 token ids greedily, with the same intra-op threads, each in its own worker process, loaded once.
 For each repetition every (system, method, precision) runs in turn, the order rotating, so load on
 the machine falls on all of them alike; medians of tokens/s, and ratios to the fastest peer's plain
@@ -33,7 +33,7 @@ DEMO = Path(__file__).resolve().parents[1] / "demo_models"
 # peer -> (import probe, install command, precisions it is run at)
 PEERS = {
     "onnxruntime-genai": ("import onnxruntime_genai, onnx_ir", "pip install onnxruntime-genai onnx_ir", ("fp32", "int4")),
-    "llama.cpp": ("import llama_cpp, gguf", "pip install llama-cpp-python gguf  # builds llama.cpp from source",
+    "llama.cpp": ("import llama_cpp", "pip install llama-cpp-python  # builds llama.cpp from source",
                   ("fp32", "int4")),
     "openvino-genai": ("import openvino_genai, optimum.intel", "pip install openvino-genai 'optimum[openvino]'",
                        ("fp32", "int4")),
@@ -161,23 +161,43 @@ def build_genai(python: str, model: Path, precision: str, out: Path, threads: in
     return out
 
 
-def build_gguf(python: str, model: Path, precision: str, out: Path) -> Path:
-    """llama.cpp's GGUF converter (convert_hf_to_gguf.py from llama-cpp-python's sources), then q4_0 if int4."""
-    code = ("import llama_cpp, pathlib; p = pathlib.Path(llama_cpp.__file__).parent; "
-            "print(next(iter(p.rglob('convert_hf_to_gguf.py')), ''))")
-    script = subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
-    if not script:
-        raise RuntimeError("llama.cpp: convert_hf_to_gguf.py not found beside llama_cpp (install llama-cpp-python "
-                           "from its source tree, or put the script in the package dir)")
+# llama.cpp's converter, with the BPE pre-tokenizer it cannot identify (the demo's own tokenizer) read as
+# GPT-2's byte-level one: only text -> ids depends on it, and the bench feeds token ids.
+GGUF_CONVERT = r'''
+import pathlib, runpy, sys
+script, gguf_py, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+sys.argv = [script] + args
+sys.path[:0] = [gguf_py, str(pathlib.Path(script).parent)]
+try:
+    from conversion import base, llama
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    llama.LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+except ImportError:
+    pass
+runpy.run_path(script, run_name="__main__")
+'''
+
+GGUF_QUANTIZE = r'''
+import ctypes, sys, llama_cpp
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
+'''
+
+
+def build_gguf(python: str, converter: Path | None, model: Path, precision: str, out: Path) -> Path:
+    """GGUF f32 from llama.cpp's convert_hf_to_gguf.py (its gguf-py beside it), then q4_0 for int4."""
+    if converter is None:
+        raise RuntimeError("llama.cpp: pass --gguf-converter PATH/convert_hf_to_gguf.py (in llama.cpp's sources, "
+                           "e.g. vendor/llama.cpp of the llama-cpp-python source package)")
     f32 = out.with_suffix(".f32.gguf")
-    subprocess.run([python, script, str(model), "--outfile", str(f32), "--outtype", "f32"], check=True,
-                   capture_output=True)
+    if not f32.is_file():
+        subprocess.run([python, "-c", GGUF_CONVERT, str(converter), str(converter.parent / "gguf-py"), str(model),
+                        "--outfile", str(f32), "--outtype", "f32"], check=True, capture_output=True)
     if precision == "fp32":
         return f32
     q = out.with_suffix(".q4_0.gguf")
-    subprocess.run([python, "-c", "import llama_cpp, sys; llama_cpp.llama_model_quantize(sys.argv[1].encode(), "
-                    "sys.argv[2].encode(), llama_cpp.llama_model_quantize_default_params())", str(f32), str(q)],
-                   check=True, capture_output=True)
+    subprocess.run([python, "-c", GGUF_QUANTIZE, str(f32), str(q)], check=True, capture_output=True)
     return q
 
 
@@ -201,7 +221,7 @@ def systems(a, work: Path, log) -> tuple[dict, dict]:
                     path = build_genai(python, a.model, precision, work / f"genai-{precision}", a.threads)
                     workers[name] = Worker(name, [python, "-c", GENAI_WORKER, str(path)])
                 elif peer == "llama.cpp":
-                    path = build_gguf(python, a.model, precision, work / "model")
+                    path = build_gguf(python, a.gguf_converter, a.model, precision, work / "model")
                     workers[name] = Worker(name, [python, "-c", LLAMA_WORKER, str(path), str(a.threads)])
                 else:
                     missing[peer] = "installed, but this bench does not drive OpenVINO GenAI yet"
@@ -282,6 +302,7 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--genai-python", help="python with onnxruntime-genai (default: this one)")
     ap.add_argument("--llama-python", help="python with llama-cpp-python (default: this one)")
+    ap.add_argument("--gguf-converter", type=Path, help="llama.cpp's convert_hf_to_gguf.py (for the llama.cpp rows)")
     ap.add_argument("--openvino-python", help="python with openvino-genai (default: this one)")
     ap.add_argument("--smoke", action="store_true", help="one repetition, 1 prompt, 8 tokens, fp32 (the tests' mode)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
