@@ -116,6 +116,7 @@ class Binding:
         self.binding = self.session.io_binding()
         self.bound: dict[str, np.ndarray] = {}  # name -> the array whose address is bound
         self.outputs: dict[str, np.ndarray] = {}  # output name -> its preallocated array
+        self.decode_fed = None  # a caller's marker of the arrays it bound last (reset by ``inputs``)
 
     def cache(self, past: str, present: str, buffer: np.ndarray) -> None:
         """Bind ``buffer`` (C-contiguous, never copied) as input ``past`` and output ``present``."""
@@ -126,6 +127,7 @@ class Binding:
             self.bound[name] = buffer
 
     def inputs(self, **arrays: np.ndarray) -> None:
+        self.decode_fed = None
         for name, a in arrays.items():
             a = np.ascontiguousarray(a)
             self.binding.bind_cpu_input(name, a)  # by address, no copy

@@ -35,6 +35,9 @@ def quantize_graph(path: Path, scheme: str, external_data: bool = False) -> dict
     except ImportError as e:  # onnxruntime's quantizer imports onnx_ir
         raise QuantizeError(f"quantization needs onnxruntime's quantizer and onnx_ir ({e}); "
                             "pip install 'specrt[export]'") from None
+    import logging
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
     proto = onnx.load(str(path))
     lm_head = [n.name for n in proto.graph.node if n.op_type == "MatMul" and "logits" in n.output]
     passes = [(BITS[scheme], lm_head if scheme == "int4" else [])]

@@ -40,6 +40,7 @@ class InPlaceRunner(Runner):
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
         self.bindings: dict[tuple[int, int], Binding] = {}  # (first slot, rows) -> a binding of those cache rows
+        self.decode_feeds: dict[int, dict] = {}  # slot -> the arrays its one-token calls write in place
         self.on_call = on_call
         self.engine_seconds = 0.0
         self.calls = 0
@@ -71,6 +72,8 @@ class InPlaceRunner(Runner):
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
         lengths = self.lengths[slots].copy()  # [R]
+        if r == 1 and q == 1 and positions is None and int(lengths[0]) < self.max_len:  # one decode step
+            return self._timed(lambda: self._decode_one(int(slots[0]), int(ids[0, 0]), lengths), 1, 1, record)
         if positions is None and r == 1 and depths is None:  # the batch-1 chain
             positions = np.arange(lengths[0], lengths[0] + q)[None]
         if positions is None:
@@ -93,6 +96,31 @@ class InPlaceRunner(Runner):
 
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **({"hidden": hidden} if hidden is not None else {})}, lengths)
+
+    def _decode_one(self, slot: int, token: int, lengths: np.ndarray) -> Pass:
+        """One token after slot ``slot``'s entries, through arrays bound once: per call only the mask
+        (a view of a bound-once zeros row: the chain mask of one token attends to everything) is rebound."""
+        b = self.binding(slot, 1)
+        f = self.decode_feeds.get(slot)
+        if f is None:
+            f = self.decode_feeds[slot] = {"input_ids": np.zeros((1, 1), np.int64),
+                                           "position_ids": np.zeros((1, 1), np.int64),
+                                           "seqlens_k": np.zeros(1, np.int32),
+                                           "total_sequence_length": np.zeros((), np.int32),
+                                           "mask": np.zeros((1, 1, 1, self.max_len), np.float32)}
+        n = int(lengths[0])
+        f["input_ids"][0, 0], f["position_ids"][0, 0], f["seqlens_k"][0], f["total_sequence_length"][()] = token, n, n, n + 1
+        if b.decode_fed is not f:  # bound by another kind of call since: bind the decode arrays again
+            b.inputs(**{k: v for k, v in f.items() if k != "mask"})
+            b.decode_fed = f
+        b.binding.bind_cpu_input("attention_mask", f["mask"][..., : n + 1])  # (f keeps the base array alive)
+        logits = b.output("logits", (1, 1, self.vocab_size))
+        hidden = None if self.hidden_size is None else b.output("hidden", (1, 1, self.hidden_size))
+        b.run()
+        outputs = {"logits": logits.copy()}  # copied out: the next call rewrites the bound buffers
+        if hidden is not None:
+            outputs["hidden"] = hidden.copy()
+        return Pass(np.array([slot]), outputs["logits"], outputs, lengths)
 
     def _run(self, rows, slots, ids, lengths, positions, blocks, logits, hidden) -> None:
         """One graph call over ``rows`` (indices into the pass; their slots are consecutive)."""

@@ -5,7 +5,7 @@
 
 Every system converts the same HF checkpoint itself (specrt: `specrt export`, with --quantize for
 int8/int4; ONNX Runtime GenAI: its model builder; llama.cpp: llama-cpp-python and the GGUF converter
-of llama.cpp's sources (--gguf-converter), q4_0 for int4; OpenVINO GenAI: optimum-intel's export) and decodes the same prompt
+of llama.cpp's sources (--gguf-converter), q8_0 / q4_0 for int8 / int4; OpenVINO GenAI: optimum-intel's export) and decodes the same prompt
 token ids greedily, with the same intra-op threads, each in its own worker process, loaded once.
 For each repetition every (system, method, precision) runs in turn, the order rotating, so load on
 the machine falls on all of them alike; medians of tokens/s, and ratios to the fastest peer's plain
@@ -34,7 +34,7 @@ DEMO = Path(__file__).resolve().parents[1] / "demo_models"
 PEERS = {
     "onnxruntime-genai": ("import onnxruntime_genai, onnx_ir", "pip install onnxruntime-genai onnx_ir", ("fp32", "int4")),
     "llama.cpp": ("import llama_cpp", "pip install llama-cpp-python  # builds llama.cpp from source",
-                  ("fp32", "int4")),
+                  ("fp32", "int8", "int4")),
     "openvino-genai": ("import openvino_genai, optimum.intel", "pip install openvino-genai 'optimum[openvino]'",
                        ("fp32", "int4")),
 }
@@ -128,16 +128,22 @@ class Worker:
             raise RuntimeError(f"{name}: worker failed to start (see its error above)")
 
     def run(self, job: dict) -> dict:
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # it died since the last job
+            raise RuntimeError(f"{self.name}: worker died") from None
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{self.name}: worker died")
         return json.loads(line)
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        else:
+            self.proc.stdin = None  # (a dead worker's pipe: nothing to flush)
 
 
 def build_specrt(model: Path, draft: Path | None, precision: str, out: Path) -> Path:
@@ -180,13 +186,13 @@ runpy.run_path(script, run_name="__main__")
 GGUF_QUANTIZE = r'''
 import ctypes, sys, llama_cpp
 params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0
+params.ftype = getattr(llama_cpp, sys.argv[3])
 sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(params)))
 '''
 
 
 def build_gguf(python: str, converter: Path | None, model: Path, precision: str, out: Path) -> Path:
-    """GGUF f32 from llama.cpp's convert_hf_to_gguf.py (its gguf-py beside it), then q4_0 for int4."""
+    """GGUF f32 from llama.cpp's convert_hf_to_gguf.py (its gguf-py beside it), then q8_0 / q4_0 for int8 / int4."""
     if converter is None:
         raise RuntimeError("llama.cpp: pass --gguf-converter PATH/convert_hf_to_gguf.py (in llama.cpp's sources, "
                            "e.g. vendor/llama.cpp of the llama-cpp-python source package)")
@@ -196,8 +202,10 @@ def build_gguf(python: str, converter: Path | None, model: Path, precision: str,
                         "--outfile", str(f32), "--outtype", "f32"], check=True, capture_output=True)
     if precision == "fp32":
         return f32
-    q = out.with_suffix(".q4_0.gguf")
-    subprocess.run([python, "-c", GGUF_QUANTIZE, str(f32), str(q)], check=True, capture_output=True)
+    kind = {"int8": "Q8_0", "int4": "Q4_0"}[precision]
+    q = out.with_suffix(f".{kind.lower()}.gguf")
+    subprocess.run([python, "-c", GGUF_QUANTIZE, str(f32), str(q), f"LLAMA_FTYPE_MOSTLY_{kind}"], check=True,
+                   capture_output=True)
     return q
 
 
@@ -248,8 +256,12 @@ def bench(a, log=print) -> dict:
         runs = [(name, m) for name in workers for m in METHODS[name.rsplit(" ", 1)[0]]
                 if m != "draft" or a.draft is not None]
         job = lambda m: {"prompts": prompts, "max_new": a.max_new_tokens, "method": m}
-        for name, m in runs:  # warm-up, and the outputs compared with specrt's plain decoding
-            workers[name].run({**job(m), "max_new": 8})
+        for name, m in list(runs):  # warm-up; a system that fails here is listed, not run
+            try:
+                workers[name].run({**job(m), "max_new": 8})
+            except RuntimeError as e:
+                missing[name] = f"failed in its warm-up ({e}; exit code {workers[name].proc.poll()})"
+                runs = [r for r in runs if r[0] != name]
         samples = {run: [] for run in runs}
         outputs = {}
         for rep in range(a.reps):
