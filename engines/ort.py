@@ -16,7 +16,8 @@ class OrtEngine:
     need onnxruntime-gpu (and TensorRT for the latter). provider_options: {provider: {key: value}}.
     threads: intra-op threads (default: ORT's choice, one per physical core).
     device: "cpu" (the default) or "cuda" (= providers ["cuda"]), as for the torch backend.
-    spinning: whether idle intra-op pool threads spin waiting for work (None: ORT's default, on).
+    spinning: whether idle intra-op pool threads spin waiting for work (None: ORT's default, on;
+    "run": they spin during a run and stop when it returns, so nothing spins between runs).
     profile_prefix: turn on ORT's profiler, writing its trace to ``<prefix>_<date>.json``.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
@@ -27,7 +28,7 @@ class OrtEngine:
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
-                 device: str | None = None, spinning: bool | None = None, profile_prefix: str | None = None):
+                 device: str | None = None, spinning: bool | str | None = None, profile_prefix: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -50,7 +51,9 @@ class OrtEngine:
         if profile_prefix:  # ORT's profiler: a Chrome trace per session (``session.end_profiling()``)
             opts.enable_profiling = True
             opts.profile_file_prefix = profile_prefix
-        if spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
+        if spinning == "run":  # spin while a run is going, stop when it returns (nothing spins between runs)
+            opts.add_session_config_entry("session.force_spinning_stop", "1")
+        elif spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         provider_options = provider_options or {}
         with_options = [(p, dict(provider_options.get(p, {}))) for p in providers]

@@ -44,6 +44,7 @@ for line in sys.stdin:
 def settings() -> dict:
     cores = os.cpu_count() or 1
     return {"ORT default (all cores, spinning)": (0, None), f"{cores} threads, no spinning": (cores, False),
+            f"{cores} threads, spinning stops after each run": (cores, "run"),
             "1 thread": (1, None), "1 thread, no spinning": (1, False)}
 
 
