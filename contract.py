@@ -91,3 +91,19 @@ def chain_mask(past: int, q: int, dtype=np.float32) -> np.ndarray:
     if q > 1:
         mask[0, 0, :, past:] = np.where(np.tri(q, dtype=bool), 0, MASK_MIN)
     return mask
+
+
+def apply_sliding_window(mask: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:
+    """Mask, in place, every key ``window`` or more positions before its query (HF's sliding window:
+    key k is visible to query q iff pos_k > pos_q - window) in a time-major call's mask [R, 1, Q, P+Q].
+
+    positions: int [R, Q] of the new tokens; past column t of every row holds position t (a row's
+    cache holds its positions 0..length-1 in order, also after a tree commit).
+    """
+    r, _, q, total = mask.shape
+    key_pos = np.empty((r, total), dtype=np.int64)  # [R, P+Q]
+    key_pos[:, : total - q] = np.arange(total - q)
+    key_pos[:, total - q :] = positions
+    too_old = key_pos[:, None, :] <= positions[:, :, None] - window  # [R, Q, P+Q]
+    mask[:, 0][too_old] = MASK_MIN
+    return mask

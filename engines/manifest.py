@@ -46,6 +46,7 @@ class GraphSpec:
     vocab_sha256: str  # hash of the tokenizer vocabulary this model was exported with
     kv_layout: str = "time_major"  # "time_major" (traced graph) | "in_place" (fused graph): contract.py
     quantize: str | None = None  # weight quantization of the graph's MatMuls: None | "int8" | "int4"
+    sliding_window: int | None = None  # every layer attends to the last `sliding_window` positions only (Mistral)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      has_hidden=bool(m.get("has_hidden", False)), shapes=_require(m, "shapes", where),
                      inputs=_require(m, "inputs", where), outputs=_require(m, "outputs", where),
                      vocab_sha256=_require(m, "vocab_sha256", where),
-                     kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"))
+                     kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
+                     sliding_window=m.get("sliding_window"))
     if not (root / spec.file).is_file():
         raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
     if spec.dtype not in ("fp32", "fp16"):

@@ -141,6 +141,21 @@ def check_parity(run, cases: dict, geo, dtype: str, tolerance: float) -> dict:
     return report
 
 
+def sliding_window(config) -> int | None:
+    """The window every layer attends within (HF: key k visible to query q iff pos_k > pos_q - window), or
+    None for full attention; ExportError for windows on some layers only (one mask serves every layer)."""
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    if kinds != {"sliding_attention"}:
+        if "sliding_attention" not in kinds:
+            return None
+        raise ExportError(f"sliding-window attention on some layers only (layer_types {sorted(kinds)}) is not "
+                          "supported: the runtime builds one mask for every layer")
+    return int(window)
+
+
 def choose_kv_layout(model, cfg: ExportConfig) -> str:
     """The graph to build: "in_place" (the fused graph) where the model has one, else "time_major" (traced)."""
     from .fused_graph import fused_unsupported
@@ -161,6 +176,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
 
     geo = geometry(model)
     wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden)
+    window = sliding_window(model.config)
     layout = choose_kv_layout(model, cfg)
     cases = parity_cases(wrapper, geo, cfg)
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -195,6 +211,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
             "kv_layout": layout, "quantize": cfg.quantize, **entry,
+            **({"sliding_window": window} if window is not None and window < cfg.max_len else {}),
             "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
             "export_seconds": round(seconds, 1), "parity_max_abs_diff": report,
             "tolerance": QUANT_TOLERANCE[cfg.quantize] if cfg.quantize else TOLERANCE[cfg.dtype]}

@@ -115,6 +115,9 @@ def load_device_runtime(engine_dir, device: str = "cuda", dtype: str | None = No
     for role, spec in m.graphs.items():
         shapes = sorted({*range(1, m.gamma + 2), *map(int, spec.shapes.values()), *map(int, tree_sizes)})
         torch_graphs = graphs
+        if spec.sliding_window is not None:
+            raise EngineError(f"{spec.file}: sliding-window attention (window {spec.sliding_window}) runs on the host "
+                              "runners only (specrt.load), not yet in the device runtime")
         if backend != "torch" and spec.kv_layout == "in_place":
             raise EngineError(f"{spec.file} is a fused graph (kv_layout in_place: ONNX Runtime CPU); for the "
                               f"{backend} device backend re-export with `specrt export --graph traced`")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import NP_DTYPES, batch_mask, chain_mask, new_names, past_names
+from ..contract import NP_DTYPES, apply_sliding_window, batch_mask, chain_mask, new_names, past_names
 
 
 class CacheFullError(RuntimeError):
@@ -84,7 +84,7 @@ class HostRunner(Runner):
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
                  max_batch: int = 1, dtype=np.float32, prefill_chunk: int = 128,
-                 on_call: Callable[[int, int, float], None] | None = None):
+                 on_call: Callable[[int, int, float], None] | None = None, sliding_window: int | None = None):
         self.engine = engine
         self.dtype = dtype
         self.max_len = max_len
@@ -94,6 +94,7 @@ class HostRunner(Runner):
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.past_names, self.new_names = past_names(num_layers), new_names(num_layers)
         self.on_call = on_call
+        self.sliding_window = sliding_window  # keys this many positions before a query are masked (None: none)
         self.engine_seconds = 0.0
         self.calls = 0
 
@@ -107,7 +108,7 @@ class HostRunner(Runner):
             return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call)
         g = spec.geometry
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
-                   int(spec.shapes.get("prefill", 128)), on_call)
+                   int(spec.shapes.get("prefill", 128)), on_call, spec.sliding_window)
 
     # ---- running ----------------------------------------------------------------------------
     def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
@@ -137,6 +138,9 @@ class HostRunner(Runner):
                     offsets[b, : len(d)] = d
             # padding positions may run past the cache: clip them (their outputs are never used)
             positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.sliding_window is not None and int(positions.max()) >= self.sliding_window:
+            mask = apply_sliding_window(mask, positions, self.sliding_window)
         feeds = {"input_ids": ids, "position_ids": np.asarray(positions, dtype=np.int64), "attention_mask": mask,
                  **(feeds or {}), **self._past(slots, past)}
         out = self._timed(lambda: self.engine.run(feeds), r, q, record)

@@ -219,3 +219,80 @@ def test_an_unsupported_draft_is_refused_before_any_graph(tmp_path, monkeypatch)
     with pytest.raises(UnsupportedArchitecture, match="'GPTNeoXForCausalLM' is not supported"):
         onnx_export.export_engine(t, tmp_path / "e", draft_dir=tmp_path / "d", cfg=cfg, log=lambda *_: None)
     assert not (tmp_path / "e").exists()
+
+
+def _mistral_window(tmp_path, window=8, hidden=32):
+    import transformers as tf
+
+    from tiny import make_tokenizer
+
+    cfg = tf.MistralConfig(vocab_size=32, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    src = tmp_path / "mistral_window"
+    model.save_pretrained(src)
+    make_tokenizer(src, 32)
+    return src, model
+
+
+@pytest.mark.parametrize("hidden", [32, 64], ids=["head_dim8", "head_dim16"])
+def test_sliding_window_is_honoured_past_the_window(tmp_path, hidden):
+    """Mistral with a window of 8: prompts and generations longer than the window (and a prefill chunk of
+    16 > 8) decode like HF generate, for every method; a fused-capable model falls back to the traced graph."""
+    import specrt
+    from specrt.export.onnx_export import export_engine
+
+    src, model = _mistral_window(tmp_path, hidden=hidden)
+    engine = export_engine(src, tmp_path / "engine", draft_dir=src, log=lambda *_: None,
+                           cfg=ExportConfig(max_len=64, prefill_chunk=16))
+    spec = load_manifest(engine).target
+    assert spec.sliding_window == 8 and spec.kv_layout == "time_major"
+    rt = specrt.load(engine)
+    for n in (5, 23, 40):
+        prompt = ((np.arange(n) * 7 + 3) % 31 + 1).tolist()
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12,
+                                pad_token_id=0, eos_token_id=None)[0, n:].tolist()
+        for method in ("none", "ngram", "draft"):
+            out = rt.generate(prompt, max_new_tokens=12, method=method).token_ids
+            assert out == hf[: len(out)], (n, method)
+
+
+def test_sliding_window_on_some_layers_only_is_refused(tmp_path):
+    import transformers as tf
+
+    from tiny import make_tokenizer
+    from specrt.export.onnx_export import ExportError, export_engine
+
+    cfg = tf.Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                         max_window_layers=1, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    src = tmp_path / "qwen2_window"
+    tf.Qwen2ForCausalLM(cfg).save_pretrained(src)
+    make_tokenizer(src, 32)
+    with pytest.raises(ExportError, match="some layers only"):
+        export_engine(src, tmp_path / "engine", log=lambda *_: None, cfg=ExportConfig(max_len=64))
+    assert not (tmp_path / "engine").exists()
+
+
+def test_sliding_window_rows_of_a_batch_equal_batch_one(tmp_path):
+    """Rows of different lengths in one batched pass each get their own window (past columns and new tokens)."""
+    import specrt
+    from reference import requests_for, run_all
+    from specrt.export.onnx_export import export_engine
+    from specrt.runtime.core import CoreConfig, DecodeCore
+    from specrt.runtime.sampling import SamplingParams
+
+    src, _ = _mistral_window(tmp_path)
+    rt = specrt.load(export_engine(src, tmp_path / "engine", draft_dir=src, log=lambda *_: None,
+                                   cfg=ExportConfig(max_len=64, prefill_chunk=16)))
+    prompts = [((np.arange(n) * 5 + 2) % 31 + 1).tolist() for n in (3, 11, 20, 30)]
+    for method in ("none", "draft"):
+        core = DecodeCore(rt, CoreConfig(max_batch=3, method=method, gamma=3 if method == "draft" else None))
+        done = run_all(core, requests_for((p, SamplingParams(max_new_tokens=14)) for p in prompts))
+        for i, p in enumerate(prompts):
+            assert done[f"r{i}"][0] == rt.generate(p, max_new_tokens=14, method="none").token_ids, (method, i)
