@@ -29,12 +29,25 @@ import torch
 from ..contract import MASK_MIN
 from .manifest import ModelGeometry
 
-# HF architecture name -> family note. Every entry was checked by tests/export/test_export.py.
+# HF architecture name -> family note. Every entry is checked by tests/export/test_export.py (the first four)
+# or tests/export/test_families.py: ORT vs torch parity at export, greedy equal to HF generate, tree logits.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "Llama, and Llama-style checkpoints (Llama 2/3, TinyLlama, ...)",
     "MistralForCausalLM": "Mistral",
     "Qwen2ForCausalLM": "Qwen2 / Qwen2.5",
     "GPT2LMHeadModel": "GPT-2",
+    "Qwen3ForCausalLM": "Qwen3 (q/k norms)",
+    "GemmaForCausalLM": "Gemma",
+    "Gemma2ForCausalLM": "Gemma 2 (logit soft-capping; sliding window on alternate layers: max_len <= window)",
+    "Gemma3ForCausalLM": "Gemma 3 text (sliding window on most layers: max_len <= window)",
+    "Phi3ForCausalLM": "Phi-3 (fused qkv)",
+    "Olmo2ForCausalLM": "OLMo 2",
+    "OlmoForCausalLM": "OLMo",
+    "GraniteForCausalLM": "Granite",
+    "GPTNeoXForCausalLM": "GPT-NeoX / Pythia (partial rotary)",
+    "OPTForCausalLM": "OPT (learned positions)",
+    "StableLmForCausalLM": "StableLM",
+    "Starcoder2ForCausalLM": "StarCoder2",
 }
 
 

@@ -37,6 +37,9 @@ def fused_unsupported(model, dtype: str, max_len: int) -> str | None:
     window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
     if window is not None and window < max_len:
         return f"sliding-window attention (window {window} < max_len {max_len}) is not built into the fused graph"
+    if any(getattr(layer.self_attn, name, None) is not None for layer in model.model.layers[:1]
+           for name in ("q_norm", "k_norm")):
+        return "per-head q/k norms (Qwen3, OLMo 2) are not built into the fused graph"
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     if head_dim % 16:

@@ -141,18 +141,20 @@ def check_parity(run, cases: dict, geo, dtype: str, tolerance: float) -> dict:
     return report
 
 
-def sliding_window(config) -> int | None:
+def sliding_window(config, max_len: int) -> int | None:
     """The window every layer attends within (HF: key k visible to query q iff pos_k > pos_q - window), or
-    None for full attention; ExportError for windows on some layers only (one mask serves every layer)."""
+    None when no window can bite within ``max_len`` tokens; ExportError for a window that bites on some
+    layers only (the runtime builds one mask for every layer)."""
     window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False:
+    if window is None or getattr(config, "use_sliding_window", True) is False or window >= max_len:
         return None
     kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    if "sliding_attention" not in kinds:
+        return None
     if kinds != {"sliding_attention"}:
-        if "sliding_attention" not in kinds:
-            return None
-        raise ExportError(f"sliding-window attention on some layers only (layer_types {sorted(kinds)}) is not "
-                          "supported: the runtime builds one mask for every layer")
+        raise ExportError(f"sliding-window attention (window {window} < --max-len {max_len}) on some layers only "
+                          f"(layer_types {sorted(kinds)}) is not supported: the runtime builds one mask for "
+                          f"every layer; export with --max-len {window} or less")
     return int(window)
 
 
@@ -176,7 +178,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
 
     geo = geometry(model)
     wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden)
-    window = sliding_window(model.config)
+    window = sliding_window(model.config, cfg.max_len)
     layout = choose_kv_layout(model, cfg)
     cases = parity_cases(wrapper, geo, cfg)
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -211,7 +213,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
             "kv_layout": layout, "quantize": cfg.quantize, **entry,
-            **({"sliding_window": window} if window is not None and window < cfg.max_len else {}),
+            **({"sliding_window": window} if window is not None else {}),
             "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
             "export_seconds": round(seconds, 1), "parity_max_abs_diff": report,
             "tolerance": QUANT_TOLERANCE[cfg.quantize] if cfg.quantize else TOLERANCE[cfg.dtype]}

@@ -50,12 +50,12 @@ def test_generate_bad_engine_dir(runner, tmp_path):
 def test_export_unsupported_architecture(runner, tmp_path):
     import transformers as tf
 
-    cfg = tf.GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+    cfg = tf.CohereConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=32)
-    tf.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    tf.CohereForCausalLM(cfg).save_pretrained(tmp_path / "cohere")
     from tiny import make_tokenizer
-    make_tokenizer(tmp_path / "neox", 32)
-    res = runner.invoke(cli, ["export", "--target", str(tmp_path / "neox"), "--out", str(tmp_path / "e")])
+    make_tokenizer(tmp_path / "cohere", 32)
+    res = runner.invoke(cli, ["export", "--target", str(tmp_path / "cohere"), "--out", str(tmp_path / "e")])
     assert res.exit_code != 0 and "not supported; supported: LlamaForCausalLM" in res.output
 
 
