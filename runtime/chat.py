@@ -31,11 +31,12 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_template_error
         self.template = env.from_string(self.source)
 
-    def render(self, messages: list[dict]) -> str:
-        """messages: [{"role", "content"}] -> the prompt text, ending where the assistant's reply starts.
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """messages: [{"role", "content"}] -> the prompt text, ending where the assistant's reply starts
+        (``add_generation_prompt=False``: the conversation as it stands, e.g. training text).
 
         Raises ``TemplateInputError`` when the template's ``raise_exception`` rejects the messages."""
-        return self.template.render(messages=messages, add_generation_prompt=True, **self.special)
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
 
 
 class TemplateInputError(ValueError):

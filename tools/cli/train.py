@@ -15,8 +15,11 @@ _TRAINING_OPTIONS = [
     click.option("--target", required=True, type=click.Path(exists=True, file_okay=False),
                  help="Local HF checkpoint dir of the target (frozen)."),
     click.option("--data", required=True, multiple=True,
-                 help="Training text: a file, a directory (its text files) or a glob. Repeatable."),
-    click.option("--heldout", multiple=True, help="Held-out text (same forms). Default: every 20th --data file."),
+                 help="Training text: a file, a directory (its text files), a glob, or JSONL of {\"text\"}, OpenAI "
+                      "{\"messages\"} or ShareGPT {\"conversations\"} records (rendered with the target's chat "
+                      "template). Repeatable."),
+    click.option("--heldout", multiple=True, help="Held-out text (same forms). Default: every 20th document; one "
+                                                  "document is split by blocks of 40 lines."),
     click.option("--steps", default=400, show_default=True, type=click.IntRange(1)),
     click.option("--batch", default=8, show_default=True, type=click.IntRange(1)),
     click.option("--seq", default=256, show_default=True, type=click.IntRange(8), help="Tokens per window."),

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, encode_files, expand_paths, load_resume_state,
+from .data import DataError, training_data
+
+from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state,
                      sample_windows, save_resume_state, training_record, warmup_cosine_lr)
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
@@ -106,22 +108,16 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     target_dir, out = Path(target_dir), Path(out)
     if not (target_dir / "tokenizer.json").is_file():
         raise TrainError(f"{target_dir} has no tokenizer.json")
-    files = expand_paths(data)
-    held = expand_paths(heldout) if heldout else files[::20]  # default: every 20th file is held out
-    held_set = set(held)
-    train_files = [f for f in files if f not in held_set]
-    if not train_files or not held:
-        raise TrainError(f"need training and held-out files: got {len(train_files)} and {len(held)}")
     torch.set_num_threads(cfg.threads)
     model = load_hf(target_dir).float().eval()
     for p in model.parameters():
         p.requires_grad_(False)
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
-    train_ids, held_ids = encode_files(tok, train_files, eos), encode_files(tok, held, eos)
-    if len(train_ids) <= cfg.seq + 1 or len(held_ids) <= cfg.seq + 1:
-        raise TrainError(f"too little text for windows of {cfg.seq} tokens: {len(train_ids)} train, "
-                         f"{len(held_ids)} held-out tokens")
+    try:
+        train_ids, held_ids, train_files, held, split = training_data(target_dir, data, heldout, tok, eos, cfg.seq, log)
+    except DataError as e:
+        raise TrainError(str(e)) from None
     eval_rng = np.random.default_rng(12345)
     windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
 
@@ -170,6 +166,7 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
                 checkpoints.saved(step, ckpt)
     bar.close()
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    result["heldout_split"] = split
     done, final = result["finished"], result["accuracy"]
     if done:
         extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}

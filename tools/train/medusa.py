@@ -19,7 +19,6 @@ A checkpoint (heads, optimizer, step, data RNG, log) is written every ``save_eve
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import math
 import signal
@@ -30,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import DataError, training_data
+
 CHECKPOINT = "checkpoint.pt"
-TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs"}
 
 
 class TrainError(ValueError):
@@ -62,8 +62,11 @@ def load_resume_state(ckpt: Path, cfg, log) -> dict:
         raise TrainError(f"--resume: no checkpoint at {ckpt}")
     state = torch.load(ckpt, weights_only=False)
     saved = type(cfg)(**state["config"])
-    if replace(saved, steps=cfg.steps) != cfg:
-        raise TrainError(f"--resume: the checkpoint was written with a different config: {saved} vs {cfg}")
+    changed = [f"{k}={getattr(saved, k)!r} (now {getattr(cfg, k)!r})" for k in asdict(cfg)
+               if k not in RESUME_MAY_CHANGE and getattr(saved, k) != getattr(cfg, k)]
+    if changed:
+        raise TrainError("--resume: the checkpoint was trained with " + ", ".join(changed) +
+                         f"; only {' and '.join(sorted(RESUME_MAY_CHANGE))} may change on resume")
     log(f"resuming from step {state['step']} ({ckpt})")
     return state
 
@@ -79,6 +82,9 @@ def training_record(cfg, history: list, seconds: float, target_dir: Path, train_
             "heldout_files": len(held), "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
             "torch": torch.__version__, "accuracy": final, "initial_loss": history[0]["loss"] if history else None,
             "final_loss": history[-1]["loss"] if history else None}
+
+
+RESUME_MAY_CHANGE = {"steps", "threads"}  # options a resumed run may change: they do not change the result
 
 
 class StepCheckpoints:
@@ -143,30 +149,6 @@ class TrainConfig:
     seed: int = 0  # data sampling and init seed
     threads: int = 1  # torch intra-op threads (resume needs the same count to be bit-exact)
     dtype: str = "fp16"  # weights of the written heads: fp16 | fp32
-
-
-def expand_paths(specs) -> list[Path]:
-    """Files from file paths, directories (text files below them) and globs; sorted, unique."""
-    out: set[Path] = set()
-    for spec in specs:
-        p = Path(spec)
-        if p.is_file():
-            out.add(p)
-        elif p.is_dir():
-            out.update(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
-        else:
-            matches = [Path(m) for m in glob.glob(str(spec), recursive=True)]
-            if not matches:
-                raise TrainError(f"--data {spec}: no such file, directory or glob match")
-            out.update(m for m in matches if m.is_file())
-    return sorted(out, key=str)
-
-
-def encode_files(tokenizer, files: list[Path], eos: int) -> np.ndarray:
-    """One id stream: every file's tokens followed by EOS. int64 [T]."""
-    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
-    parts = [np.array(e.ids + [eos], dtype=np.int64) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def heads_loss(heads, hidden, teacher_logits, ids, cfg: TrainConfig, rng: np.random.Generator):
@@ -238,12 +220,6 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     target_dir, out = Path(target_dir), Path(out)
     if not (target_dir / "tokenizer.json").is_file():
         raise TrainError(f"{target_dir} has no tokenizer.json")
-    files = expand_paths(data)
-    held = expand_paths(heldout) if heldout else files[::20]  # default: every 20th file is held out
-    held_set = set(held)
-    train_files = [f for f in files if f not in held_set]
-    if not train_files or not held:
-        raise TrainError(f"need training and held-out files: got {len(train_files)} and {len(held)}")
     torch.set_num_threads(cfg.threads)
     model = load_hf(target_dir).float().eval()
     for p in model.parameters():
@@ -251,10 +227,10 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     text_cfg = model.config.get_text_config()
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
-    train_ids, held_ids = encode_files(tok, train_files, eos), encode_files(tok, held, eos)
-    if len(train_ids) <= cfg.seq + 1 or len(held_ids) <= cfg.seq + 1:
-        raise TrainError(f"too little text for windows of {cfg.seq} tokens: {len(train_ids)} train, "
-                         f"{len(held_ids)} held-out tokens")
+    try:
+        train_ids, held_ids, train_files, held, split = training_data(target_dir, data, heldout, tok, eos, cfg.seq, log)
+    except DataError as e:
+        raise TrainError(str(e)) from None
     eval_rng = np.random.default_rng(12345)
     windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
 
@@ -304,6 +280,7 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
                 checkpoints.saved(step, ckpt)
     bar.close()
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
+    result["heldout_split"] = split
     done, final = result["finished"], result["accuracy"]
     if done:
         extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}

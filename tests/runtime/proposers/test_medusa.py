@@ -74,7 +74,7 @@ def test_resume_continues_the_same_run(trained, tmp_path):
     assert resumed["finished"] and [h["loss"] for h in resumed["history"]] == [h["loss"] for h in full["history"]]
     a, b = full["heads"].state_dict(), resumed["heads"].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(TrainError, match="different config"):
+    with pytest.raises(TrainError, match=r"trained with lr=0.001 \(now 0.5\); only steps and threads may change"):
         train(*args, tmp_path / "split", TrainConfig(**{**cfg.__dict__, "lr": 0.5}), resume=True, progress=False)
     with pytest.raises(TrainError, match="no checkpoint"):
         train(*args, tmp_path / "nothing", cfg, resume=True, progress=False)
