@@ -1,18 +1,38 @@
 """The OpenAI-compatible surface of `specrt serve`: request schemas and response bodies (chat templates: runtime/chat.py).
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
-400 with an OpenAI-style error body (``error_body``), never silently ignored.
+400 with an OpenAI-style error body (``error_body``), never silently ignored. Fields of OpenAI's API
+that specrt does not implement (penalties, logit_bias, logprobs, tools, ...) are accepted at their
+neutral value (what clients send by default) and refused with a 400 naming the field otherwise;
+integral floats are accepted where the API takes an integer (16.0 for 16), as OpenAI's server does.
 """
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+def _integral(v):
+    """16.0 -> 16 (OpenAI accepts integral floats for integer fields); anything else is left to validation."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+# OpenAI fields specrt does not implement -> the values that mean "off" (accepted; anything else: 400)
+NEUTRAL = {"frequency_penalty": (0, 0.0, None), "presence_penalty": (0, 0.0, None), "logit_bias": ({}, None),
+           "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False, None), "suffix": (None, ""),
+           "best_of": (None, 1), "response_format": (None, {"type": "text"}), "tools": (None, []),
+           "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "functions": (None, []),
+           "function_call": (None, "none"), "service_tier": (None, "auto", "default"), "store": (None, False),
+           "metadata": (None, {}), "repetition_penalty": (None, 1, 1.0), "modalities": (None, ["text"]),
+           "prediction": (None,), "reasoning_effort": (None,), "audio": (None,), "web_search_options": (None,)}
 
 class ApiError(Exception):
     """An error answered with ``status`` and an OpenAI-style body."""
@@ -43,19 +63,46 @@ class SamplingFields(BaseModel):
     model: str  # must be the served model's id (GET /v1/models)
     temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
     top_p: float = Field(1.0, gt=0, le=1)
-    n: int = Field(1, ge=1, le=1)  # one choice per request
+    n: Int = Field(1, ge=1, le=1)  # one choice per request
     stream: bool = False  # server-sent events, ending with "data: [DONE]"
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(None, max_length=4)  # stop strings (excluded from the text)
-    seed: int | None = Field(None, ge=0)  # reproducible sampling (per request random stream)
+    stream_options: StreamOptions | None = None  # only with stream=true
+    stop: str | list[str] | None = None  # a string of any length, or a list of up to 4
+    seed: Int | None = Field(None, ge=0)  # reproducible sampling (per request random stream)
     user: str | None = None  # accepted and ignored
-    top_k: int = Field(0, ge=0)  # extension: 0 = off
+    top_k: Int = Field(0, ge=0)  # extension: 0 = off
     min_p: float = Field(0.0, ge=0, lt=1)  # extension: 0 = off
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral_fields(cls, data: Any):
+        """Drop OpenAI fields specrt does not implement when they hold their neutral value; refuse others."""
+        if not isinstance(data, dict):
+            return data
+        for name, neutral in NEUTRAL.items():
+            if name in data:
+                value = data[name]
+                if not any(type(value) is type(v) and value == v for v in neutral if v is not None) and value is not None:
+                    raise ValueError(f"NOT_SUPPORTED:{name}:{value!r}")
+                data = {k: v for k, v in data.items() if k != name}
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, v):
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("STREAM_OPTIONS")
+        return self
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]  # text, token ids, or a list holding ONE text
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default 16; None = until the cache is full
+    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default 16; None = until the cache is full
 
 
 class TextPart(BaseModel):
@@ -76,8 +123,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)  # None = until the cache is full
-    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    max_tokens: Int | None = Field(None, ge=1)  # None = until the cache is full
+    max_completion_tokens: Int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
 
 
 def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
@@ -86,12 +133,22 @@ def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:  # nesting deeper than the interpreter's recursion limit (~1000)
+        raise ApiError(400, "request body nests too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     try:
         return schema.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
+        msg = str(err.get("ctx", {}).get("error", ""))
+        if msg.startswith("NOT_SUPPORTED:"):
+            _, name, value = msg.split(":", 2)
+            raise ApiError(400, f"{name}={value} is not supported by specrt (only its neutral value is accepted)",
+                           param=name, code="unsupported_parameter") from None
+        if msg == "STREAM_OPTIONS":
+            raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options",
+                           code="invalid_value") from None
         param = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
         kind = err["type"]
         if kind == "extra_forbidden":

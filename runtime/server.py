@@ -128,6 +128,12 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
     def sampling(req, ids: list[int], max_tokens: int | None) -> SamplingParams:
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        limit = runtime.manifest.max_len
+        if max_tokens is not None and len(ids) + max_tokens > limit:  # as vLLM: refused, not silently capped
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                           f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
+                           "completion). Please reduce the prompt or max_tokens.", param="max_tokens",
+                           code="context_length_exceeded")
         try:
             return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                                   seed=req.seed, max_new_tokens=max_tokens or runtime.manifest.max_len - len(ids),

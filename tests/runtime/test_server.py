@@ -281,7 +281,9 @@ GOOD = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
 @pytest.mark.parametrize("path,body,headers,status,code,param", [
     ("/v1/completions", b"{not json", AUTH, 400, "invalid_json", None),
     ("/v1/completions", b"[1, 2]", AUTH, 400, "invalid_json", None),
-    ("/v1/completions", {**GOOD, "frequency_penalty": 0.5}, AUTH, 400, "unknown_parameter", "frequency_penalty"),
+    ("/v1/completions", {**GOOD, "frequency_penalty": 0.5}, AUTH, 400, "unsupported_parameter", "frequency_penalty"),
+    ("/v1/completions", {**GOOD, "bogus": 1}, AUTH, 400, "unknown_parameter", "bogus"),
+    ("/v1/completions", {**GOOD, "max_tokens": 10_000}, AUTH, 400, "context_length_exceeded", "max_tokens"),
     ("/v1/completions", {"model": MODEL}, AUTH, 400, "missing_required_parameter", "prompt"),
     ("/v1/completions", {**GOOD, "temperature": 2.5}, AUTH, 400, "invalid_value", "temperature"),
     ("/v1/completions", {**GOOD, "top_p": 0}, AUTH, 400, "invalid_value", "top_p"),

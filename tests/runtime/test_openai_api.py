@@ -1,0 +1,54 @@
+"""Request parsing of `specrt serve` (runtime/openai_api.py): OpenAI's field forms, neutral values of fields
+specrt does not implement, integral floats, nesting; each refusal is a 400 naming the field."""
+import json
+
+import pytest
+
+from specrt.runtime.openai_api import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
+
+BASE = {"model": "m", "prompt": "hi"}
+
+
+def parse(body, schema=CompletionRequest):
+    return parse_request(json.dumps(body).encode() if not isinstance(body, bytes) else body, schema)
+
+
+@pytest.mark.parametrize("extra,field,value", [
+    ({"stop": "\nclass"}, "stop", "\nclass"),  # one string, any length
+    ({"stop": ["a", "b", "c", "d"]}, "stop", ["a", "b", "c", "d"]),
+    ({"max_tokens": 16.0}, "max_tokens", 16),  # integral floats where the API takes an integer
+    ({"seed": 7.0}, "seed", 7),
+    ({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "logprobs": None, "echo": False,
+      "best_of": 1, "suffix": None, "user": "u"}, "max_tokens", 16),  # what clients send by default
+    ({"stream": True, "stream_options": {"include_usage": True}}, "stream", True),
+])
+def test_accepted(extra, field, value):
+    assert getattr(parse({**BASE, **extra}), field) == value
+
+
+@pytest.mark.parametrize("extra,param,message", [
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences"),
+    ({"max_tokens": 16.5}, "max_tokens", "valid integer"),
+    ({"frequency_penalty": 0.5}, "frequency_penalty", "frequency_penalty=0.5 is not supported"),
+    ({"logprobs": True}, "logprobs", "logprobs=True is not supported"),
+    ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream=true"),
+    ({"no_such_field": 1}, "no_such_field", "unknown parameter"),
+])
+def test_refused_naming_the_field(extra, param, message):
+    with pytest.raises(ApiError, match=message) as e:
+        parse({**BASE, **extra})
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_chat_neutral_tools_fields():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "n": 1.0}
+    assert parse(body, ChatCompletionRequest).n == 1
+
+
+def test_deep_nesting_is_a_400_not_a_500():
+    deep = b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with pytest.raises(ApiError, match="nests too deeply") as e:
+        parse(deep)
+    assert e.value.status == 400
