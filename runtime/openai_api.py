@@ -127,6 +127,21 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): a prompt, or chat messages rendered with the chat template."""
+
+    model_config = STRICT
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+    model: str | None = None
+    tokens: list[Int]
+
+
 def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
     """JSON bytes -> a validated request, or ApiError(400) naming the field."""
     try:

@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import CoreConfig, DecodeCore
 from .chat import ChatTemplate, TemplateInputError
-from .openai_api import (ApiError, ChatCompletionRequest, CompletionRequest, chat_body, chat_chunk,
+from .openai_api import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                         chat_body, chat_chunk,
                          completion_body, completion_chunk, error_body, new_id, parse_request, speculation_field,
                          sse, usage, usage_chunk)
 from .runtime import PromptTooLongError
@@ -29,7 +30,8 @@ from .sampling import SamplingError, SamplingParams
 from .serve_metrics import ServerMetrics
 from .worker import DoneEvent, EngineUnavailableError, EngineWorker, ErrorEvent, QueueFullError, TokensEvent
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+             "/detokenize", "/version")
 
 
 @dataclass
@@ -38,6 +40,8 @@ class ServerConfig:
     batch: CoreConfig = field(default_factory=CoreConfig)  # slots, method, γ (None = batch-aware policy)
     max_queue: int = 128  # requests waiting for a slot beyond which new ones get 429
     api_key: str | None = None  # if set, /v1/* require "Authorization: Bearer <api_key>"
+    max_body_bytes: int = 8 << 20  # a larger request body is answered 413 without being read further
+    max_prompt_tokens: int | None = None  # a longer prompt is a 400 (None: the engine's max_len - 1)
 
 
 class MetricsMiddleware:
@@ -92,7 +96,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
@@ -113,6 +118,28 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         if not secrets.compare_digest(header[len("Bearer "):].encode(), config.api_key.encode()):
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
+    async def read_body(request: Request) -> bytes:
+        """The request body, refused with 415 unless JSON (a cross-origin form post cannot be) and 413 past
+        ``max_body_bytes`` (checked against Content-Length first, then while reading)."""
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise ApiError(415, f"Content-Type must be application/json, got {kind or 'none'!r}",
+                           code="unsupported_media_type")
+        limit = config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        return bytes(body)
+
+    async def parse(request: Request, schema):
+        """Parse off the event loop: a huge body costs its own request's latency, not everyone's."""
+        return await asyncio.to_thread(parse_request, await read_body(request), schema)
+
     def check_model(name: str) -> None:
         if name != model:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {model!r}", param="model",
@@ -120,11 +147,15 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
     def encode(prompt) -> list[int]:
         try:
-            return runtime.encode(prompt)
+            ids = runtime.encode(prompt)
         except PromptTooLongError as e:
             raise ApiError(400, str(e), param="prompt", code="context_length_exceeded") from None
         except (ValueError, TypeError) as e:
             raise ApiError(400, str(e), param="prompt", code="invalid_value") from None
+        if config.max_prompt_tokens is not None and len(ids) > config.max_prompt_tokens:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens; this server takes at most "
+                           f"{config.max_prompt_tokens}", param="prompt", code="context_length_exceeded")
+        return ids
 
     def sampling(req, ids: list[int], max_tokens: int | None) -> SamplingParams:
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
@@ -160,7 +191,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     async def completions(request: Request):
         t0 = time.perf_counter()
         authorize(request)
-        req = parse_request(await request.body(), CompletionRequest)
+        req = await parse(request, CompletionRequest)
         check_model(req.model)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
@@ -168,21 +199,64 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                 raise ApiError(400, "one prompt per request (n=1): send a string, token ids, or a list of one "
                                "string", param="prompt", code="invalid_value")
             prompt = prompt[0]
-        ids = encode(prompt)
+        ids = await asyncio.to_thread(encode, prompt)  # tokenization off the event loop
         params = sampling(req, ids, req.max_tokens)
         return await generate(request, t0, ids, params, req, chat=False)
+
+    def render_and_encode(messages) -> list[int]:
+        try:
+            prompt = template.render([{"role": m.role, "content": m.text()} for m in messages])
+        except TemplateInputError as e:
+            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
+        return encode(prompt)
+
+    @app.get("/v1/models/{model_id}")
+    async def model_card(model_id: str, request: Request):
+        authorize(request)
+        check_model(model_id)
+        return {"id": model, "object": "model", "created": 0, "owned_by": "specrt",
+                "max_model_len": runtime.manifest.max_len}
+
+    @app.get("/version")
+    async def version():
+        from .. import __version__
+
+        return {"version": __version__}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        authorize(request)
+        req = await parse(request, TokenizeRequest)
+        if req.model:
+            check_model(req.model)
+        if req.messages is not None:
+            ids = await asyncio.to_thread(render_and_encode, req.messages)
+        elif req.prompt is not None:
+            ids = await asyncio.to_thread(encode, req.prompt)
+        else:
+            raise ApiError(400, "send \"prompt\" or \"messages\"", param="prompt", code="missing_required_parameter")
+        return {"tokens": ids, "count": len(ids), "max_model_len": runtime.manifest.max_len}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        authorize(request)
+        req = await parse(request, DetokenizeRequest)
+        if req.model:
+            check_model(req.model)
+        vocab = runtime.target.spec.geometry.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens",
+                           code="invalid_value")
+        return {"prompt": await asyncio.to_thread(runtime.tokenizer.decode, req.tokens)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         t0 = time.perf_counter()
         authorize(request)
-        req = parse_request(await request.body(), ChatCompletionRequest)
+        req = await parse(request, ChatCompletionRequest)
         check_model(req.model)
-        try:
-            prompt = template.render([{"role": m.role, "content": m.text()} for m in req.messages])
-        except TemplateInputError as e:
-            raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
-        ids = encode(prompt)
+        ids = await asyncio.to_thread(render_and_encode, req.messages)  # off the event loop
         params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
         return await generate(request, t0, ids, params, req, chat=True)
 

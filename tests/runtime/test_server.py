@@ -232,7 +232,7 @@ def test_full_queue_answers_429_and_stopped_engine_503(start_server, llama_engin
     thread.start()
     wait_for(lambda: worker.queue_depth == 1)
     r = httpx.post(srv.url + "/v1/completions", json=body, headers=AUTH)
-    assert r.status_code == 429
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "queue_full"
     worker.resume()
     thread.join(30)
@@ -483,3 +483,26 @@ def test_cli_serve_refuses_a_method_the_engine_dir_lacks(llama_engine):
         assert "Traceback" not in res.output
     res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--device", "gpu"])
     assert res.exit_code != 0 and "'gpu' is not one of 'cpu', 'cuda'" in res.output
+
+
+def test_limits_content_type_and_the_tokenizer_endpoints(start_server, ref):
+    srv = start_server(batch=CoreConfig(max_batch=2, method="none"), max_body_bytes=2000, max_prompt_tokens=20)
+    url, good = srv.url, {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+    big = httpx.post(url + "/v1/completions", json={**good, "prompt": "x" * 5000}, headers=AUTH)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+    plain = httpx.post(url + "/v1/completions", content=json.dumps(good), headers={**AUTH, "Content-Type": "text/plain"})
+    assert plain.status_code == 415  # a cross-origin form post cannot run a generation
+    long = httpx.post(url + "/v1/completions", json={**good, "prompt": "abc " * 6}, headers=AUTH)
+    assert long.status_code == 400 and "at most 20" in long.json()["error"]["message"]
+    tok = httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": "hello"}, headers=AUTH).json()
+    assert tok["tokens"] == ref.encode("hello") and tok["count"] == len(tok["tokens"])
+    chat = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, headers=AUTH).json()
+    assert chat["count"] > 1
+    detok = httpx.post(url + "/detokenize", json={"tokens": tok["tokens"]}, headers=AUTH).json()
+    assert detok["prompt"] == "hello"
+    assert httpx.post(url + "/detokenize", json={"tokens": [10 ** 6]}, headers=AUTH).status_code == 400
+    card = httpx.get(url + f"/v1/models/{MODEL}", headers=AUTH).json()
+    assert card["id"] == MODEL and card["max_model_len"] == ref.manifest.max_len
+    assert httpx.get(url + "/v1/models/other", headers=AUTH).status_code == 404
+    assert httpx.get(url + "/version").json()["version"] == specrt.__version__
+    assert httpx.post(url + "/v1/completions", json=good, headers=AUTH).status_code == 200  # still serving

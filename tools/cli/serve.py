@@ -29,9 +29,22 @@ from .options import load_runtime
               help="Graph backend: ONNX Runtime, or torch over the engine dir's HF weights (export --torch-weights).")
 @click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]),
               help="cpu | cuda (default: cpu; ort: cuda = the CUDA execution provider, needs onnxruntime-gpu).")
+@click.option("--max-body-bytes", default=8 << 20, show_default=True, type=click.IntRange(1),
+              help="Larger request bodies get HTTP 413.")
+@click.option("--max-prompt-tokens", default=None, type=click.IntRange(1),
+              help="Longer prompts get HTTP 400 (default: the engine's max_len - 1).")
+@click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(1),
+              help="Concurrent connections; more get HTTP 503 (uvicorn limit_concurrency).")
+@click.option("--keep-alive-timeout", default=5, show_default=True, type=click.IntRange(1),
+              help="Seconds an idle keep-alive connection (or a client sending its headers) is held.")
+@click.option("--max-header-bytes", default=64 << 10, show_default=True, type=click.IntRange(1024),
+              help="Request line + headers larger than this close the connection.")
+@click.option("--drain-timeout", default=30, show_default=True, type=click.IntRange(1),
+              help="Seconds SIGTERM waits for running requests before closing them.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
+          max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, max_header_bytes, drain_timeout,
           log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     try:
@@ -49,11 +62,14 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
     try:
         method = rt.resolve_method(method)
         app = create_app(rt, ServerConfig(model_name=name, max_queue=max_queue, api_key=api_key,
+                                          max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens,
                                           batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)))
     except (ValueError, SamplingError) as e:
         raise click.ClickException(str(e))
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
     click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
+                timeout_keep_alive=keep_alive_timeout, h11_max_incomplete_event_size=max_header_bytes,
+                timeout_graceful_shutdown=drain_timeout)
 
