@@ -223,12 +223,17 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
         return {"version": __version__}
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
+    async def tokenizer_request(request: Request, schema):
+        """A /tokenize or /detokenize request: authorized, parsed, and naming this model if it names one."""
         authorize(request)
-        req = await parse(request, TokenizeRequest)
+        req = await parse(request, schema)
         if req.model:
             check_model(req.model)
+        return req
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = await tokenizer_request(request, TokenizeRequest)
         if req.messages is not None:
             ids = await asyncio.to_thread(render_and_encode, req.messages)
         elif req.prompt is not None:
@@ -239,10 +244,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        authorize(request)
-        req = await parse(request, DetokenizeRequest)
-        if req.model:
-            check_model(req.model)
+        req = await tokenizer_request(request, DetokenizeRequest)
         vocab = runtime.target.spec.geometry.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
