@@ -91,13 +91,22 @@ def save_heads(heads: MedusaHeads, out: str | Path, extra: dict | None = None, d
 
 
 def read_heads_config(heads_dir: str | Path) -> tuple[HeadsConfig, dict]:
+    """specrt's heads dir, or a Medusa-1 checkpoint as FasterDecoding/Medusa writes it (export/medusa_upstream.py)."""
+    from .medusa_upstream import is_upstream_medusa, read_upstream_config
+
+    if is_upstream_medusa(heads_dir):
+        return read_upstream_config(heads_dir)
     return read_head_dir(heads_dir, FORMAT, HeadsConfig, HeadsError, "a Medusa heads", "heads", "specrt train medusa")
 
 
 def load_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads, dict]:
-    """(heads module in eval mode, raw config dict)."""
+    """(heads module in eval mode, raw config dict); either format of ``read_heads_config``."""
     from safetensors.torch import load_file
 
+    from .medusa_upstream import is_upstream_medusa, load_upstream_heads
+
+    if is_upstream_medusa(heads_dir):
+        return load_upstream_heads(heads_dir, dtype)
     cfg, raw = read_heads_config(heads_dir)
     heads = MedusaHeads(cfg)
     state = load_file(str(Path(heads_dir) / "model.safetensors"))

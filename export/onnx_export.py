@@ -386,11 +386,15 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
         if role == "target" and heads_cfg:
             from .medusa_heads import HeadsError, check_heads_match
 
+            from .medusa_upstream import base_model_of
+
             geo = geometry(model)
+            base = base_model_of(medusa_dir)
             try:
-                check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab, where=f"heads {medusa_dir}")
+                check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab,
+                                  where=f"heads {medusa_dir}" + (f" (base model {base})" if base else ""))
             except HeadsError as e:
-                raise ExportError(str(e)) from None
+                raise ExportError(f"{e} (target {target_dir})") from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         if role == "target" and eagle_dir:
             from ..trees import compile_tree
