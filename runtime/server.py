@@ -42,6 +42,8 @@ class ServerConfig:
     api_key: str | None = None  # if set, /v1/* require "Authorization: Bearer <api_key>"
     max_body_bytes: int = 8 << 20  # a larger request body is answered 413 without being read further
     max_prompt_tokens: int | None = None  # a longer prompt is a 400 (None: the engine's max_len - 1)
+    allowed_origins: tuple = ()  # CORS: browser origins allowed to call the API ("*" = any); () = none
+    allowed_hosts: tuple = ("*",)  # Host headers answered (others get 400): guards against DNS rebinding
 
 
 class MetricsMiddleware:
@@ -93,6 +95,15 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="specrt", lifespan=lifespan)
     app.state.worker, app.state.metrics, app.state.generator = worker, metrics, generator
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if tuple(config.allowed_hosts) != ("*",):
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.allowed_hosts))
+    if config.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(ApiError)
     async def api_error(request, exc: ApiError):

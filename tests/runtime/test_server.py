@@ -506,3 +506,16 @@ def test_limits_content_type_and_the_tokenizer_endpoints(start_server, ref):
     assert httpx.get(url + "/v1/models/other", headers=AUTH).status_code == 404
     assert httpx.get(url + "/version").json()["version"] == specrt.__version__
     assert httpx.post(url + "/v1/completions", json=good, headers=AUTH).status_code == 200  # still serving
+
+
+def test_cors_and_host_checks(start_server):
+    srv = start_server(batch=CoreConfig(max_batch=1, method="none"), allowed_origins=("https://app.example",),
+                       allowed_hosts=("127.0.0.1", "localhost"))
+    pre = httpx.options(srv.url + "/v1/completions", headers={"Origin": "https://app.example",
+                                                               "Access-Control-Request-Method": "POST"})
+    assert pre.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.options(srv.url + "/v1/completions", headers={"Origin": "https://evil.example",
+                                                                 "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in other.headers
+    assert httpx.get(srv.url + "/health", headers={"Host": "evil.example"}).status_code == 400
+    assert httpx.get(srv.url + "/health").status_code == 200

@@ -41,11 +41,16 @@ from .options import load_runtime
               help="Request line + headers larger than this close the connection.")
 @click.option("--drain-timeout", default=30, show_default=True, type=click.IntRange(1),
               help="Seconds SIGTERM waits for running requests before closing them.")
+@click.option("--allowed-origin", "allowed_origins", multiple=True,
+              help="A browser origin allowed to call the API (CORS), e.g. https://app.example; repeatable; '*' = any. "
+                   "Default: none.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True,
+              help="A Host header to answer (others get 400), e.g. localhost; repeatable. Default: any.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
           max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, max_header_bytes, drain_timeout,
-          log_level):
+          allowed_origins, allowed_hosts, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     try:
         import uvicorn
@@ -63,6 +68,8 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
         method = rt.resolve_method(method)
         app = create_app(rt, ServerConfig(model_name=name, max_queue=max_queue, api_key=api_key,
                                           max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens,
+                                          allowed_origins=tuple(allowed_origins),
+                                          allowed_hosts=tuple(allowed_hosts) or ("*",),
                                           batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)))
     except (ValueError, SamplingError) as e:
         raise click.ClickException(str(e))
