@@ -1,4 +1,4 @@
-"""`specrt train`: train speculative heads for a target (``medusa``; others may join the group)."""
+"""`specrt train`: train what speculates for a target: ``medusa`` heads, an ``eagle`` head, a ``draft`` model."""
 from __future__ import annotations
 
 import click
@@ -79,6 +79,33 @@ def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, 
         raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
     cfg = EagleTrainConfig(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls, eval_every=eval_every,
                            save_every=save_every, seed=seed, threads=threads, dtype=dtype)
+    try:
+        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
+    except TrainError as e:
+        raise click.ClickException(str(e))
+
+
+@train.command()
+@training_options
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Draft model dir to write (HF format).")
+@click.option("--layers", default=2, show_default=True, type=click.IntRange(1), help="Layers of a new draft.")
+@click.option("--hidden", default=128, show_default=True, type=click.IntRange(8), help="Hidden size of a new draft.")
+@click.option("--attention-heads", default=4, show_default=True, type=click.IntRange(1),
+              help="Attention heads of a new draft.")
+@click.option("--init", "init", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Start from this HF checkpoint (same vocabulary) instead of a new random draft.")
+def draft(target, data, heldout, out, layers, hidden, attention_heads, init, steps, batch, seq, lr, eval_every,
+          save_every, seed, threads, dtype, resume, stop_after):
+    """Distil a small draft model from TARGET: KL(p_target || q_draft) on the target's own distributions."""
+    try:
+        from ..train.draft import DraftTrainConfig
+        from ..train.draft import train as run
+        from ..train.medusa import TrainError
+    except ImportError as e:
+        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
+    cfg = DraftTrainConfig(layers=layers, hidden=hidden, heads=attention_heads, steps=steps, batch=batch, seq=seq,
+                           lr=lr, eval_every=eval_every, save_every=save_every, seed=seed, threads=threads,
+                           init=str(init or ""))
     try:
         run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
     except TrainError as e:

@@ -1,0 +1,172 @@
+"""`specrt train draft`: distil a small draft model from the target, with KL(p_target || q_draft).
+
+Acceptance depends on how closely the draft's distribution q matches the target's p (the reference
+text: "tune the draft model, not the draft length"), not on the text's likelihood, so the draft
+learns the frozen target's own distributions on the training windows:
+
+    loss = mean over positions of KL(p_target(. | x_<t) || q_draft(. | x_<t))
+
+The draft is a small Llama with the target's vocabulary (and tokenizer, copied into the output dir),
+or ``init``: an existing HF checkpoint of the same vocabulary to continue from. Held-out evaluation:
+the mean KL and the greedy agreement argmax q == argmax p (what greedy verification accepts).
+
+    specrt train draft --target T --data TEXT... --out DRAFT_DIR [--layers 2 --hidden 128 | --init DIR]
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .data import DataError, training_data
+from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, sample_windows, save_resume_state,
+                     warmup_cosine_lr)
+
+
+@dataclass(frozen=True)
+class DraftTrainConfig:
+    layers: int = 2  # decoder layers of a new draft (ignored with init)
+    hidden: int = 128  # hidden size of a new draft (ignored with init)
+    heads: int = 4  # attention heads of a new draft (head_dim = hidden / heads)
+    steps: int = 400  # optimizer steps
+    batch: int = 8  # windows per step
+    seq: int = 128  # tokens per window
+    lr: float = 3e-3  # peak learning rate (warm-up, then cosine to 10%)
+    eval_every: int = 50  # steps between held-out evaluations
+    eval_windows: int = 16  # held-out windows per evaluation
+    save_every: int = 50  # steps between resume checkpoints (also every 2 minutes and on Ctrl-C)
+    seed: int = 0
+    threads: int = 1  # torch threads (may change on --resume)
+    init: str = ""  # an HF checkpoint dir to start from ("" = a new random draft)
+
+
+def new_draft(target, cfg: DraftTrainConfig):
+    """A small random Llama scoring the target's vocabulary."""
+    import transformers as tf
+
+    t = target.config
+    config = tf.LlamaConfig(vocab_size=int(target.get_output_embeddings().weight.shape[0]), hidden_size=cfg.hidden,
+                            intermediate_size=cfg.hidden * 8 // 3, num_hidden_layers=cfg.layers,
+                            num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
+                            max_position_embeddings=int(getattr(t, "max_position_embeddings", 2048)),
+                            bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+                            tie_word_embeddings=True)
+    return tf.LlamaForCausalLM(config)
+
+
+def kl_loss(draft, target, ids):
+    """Mean KL(p_target || q_draft) per position over windows ``ids`` [B, T]."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        p_log = F.log_softmax(target(input_ids=ids).logits.float(), -1)
+    q_log = F.log_softmax(draft(input_ids=ids).logits.float(), -1)
+    return F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+def evaluate(draft, target, windows) -> dict:
+    """Held-out mean KL and greedy agreement (argmax q == argmax p) over ``windows``."""
+    import torch
+
+    kls, agree, count = [], 0, 0
+    draft.eval()
+    with torch.no_grad():
+        for w in windows:
+            ids = torch.from_numpy(w)[None]
+            kls.append(float(kl_loss(draft, target, ids)))
+            agree += int((draft(input_ids=ids).logits.argmax(-1) == target(input_ids=ids).logits.argmax(-1)).sum())
+            count += ids.shape[1]
+    draft.train()
+    return {"kl": round(float(np.mean(kls)), 4), "greedy_agreement": round(agree / count, 4)}
+
+
+def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bool = False,
+          stop_after: int | None = None, log=print, progress: bool = True) -> dict:
+    """Distil (or resume) and write the draft to ``out`` (HF dir + tokenizer + training.json); returns the record."""
+    import torch
+    from tokenizers import Tokenizer
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from ...export.onnx_export import load_hf
+
+    target_dir, out = Path(target_dir), Path(out)
+    if not (target_dir / "tokenizer.json").is_file():
+        raise TrainError(f"{target_dir} has no tokenizer.json")
+    torch.set_num_threads(cfg.threads)
+    target = load_hf(target_dir).float().eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    eos = (target.config.eos_token_id if isinstance(target.config.eos_token_id, int) else 0) or 0
+    try:
+        train_ids, held_ids, train_docs, held_docs, split = training_data(target_dir, data, heldout, tok, eos,
+                                                                          cfg.seq, log)
+    except DataError as e:
+        raise TrainError(str(e)) from None
+    eval_rng = np.random.default_rng(12345)
+    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+    torch.manual_seed(cfg.seed)
+    draft = (AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32) if cfg.init
+             else new_draft(target, cfg)).train()
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    if draft.get_output_embeddings().weight.shape[0] != vocab:
+        raise TrainError(f"--init {cfg.init}: its vocabulary ({draft.get_output_embeddings().weight.shape[0]}) is "
+                         f"not the target's ({vocab})")
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    rng = np.random.default_rng(cfg.seed)
+    step, history, seconds = 0, [], 0.0
+    ckpt = out / CHECKPOINT
+    if resume:
+        state = load_resume_state(ckpt, cfg, log)
+        draft.load_state_dict(state["weights"])
+        opt.load_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        step, history, seconds = state["step"], state["history"], state["seconds"]
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(initial=step, total=cfg.steps, desc="draft", disable=not progress)
+    t0 = time.time()
+    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
+        while step < end:
+            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)
+            for g in opt.param_groups:
+                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+            loss = kl_loss(draft, target, ids)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            record = {"step": step, "kl": round(loss.item(), 4)}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["eval"] = evaluate(draft, target, windows)
+                bar.write(f"step {step}: train KL {loss.item():.3f}; held-out KL {record['eval']['kl']}, greedy "
+                          f"agreement {record['eval']['greedy_agreement']}")
+            history.append(record)
+            if checkpoints.due(step):
+                seconds += time.time() - t0
+                t0 = time.time()
+                save_resume_state(ckpt, cfg, draft.state_dict(), opt, step, rng, history, seconds)
+                checkpoints.saved(step, ckpt)
+    bar.close()
+    final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
+    result = {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
+              "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "heldout_split": split,
+              "train_documents": len(train_docs), "heldout_documents": len(held_docs),
+              "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)), "heldout": final,
+              "parameters": sum(p.numel() for p in draft.parameters())}
+    if result["finished"]:
+        draft.eval().save_pretrained(out)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (target_dir / name).is_file():
+                shutil.copy(target_dir / name, out / name)
+        (out / "training.json").write_text(json.dumps({**result, "history": history}, indent=1))
+        log(f"draft written to {out} ({result['parameters'] / 1e6:.2f}M params): held-out KL {final['kl']}, "
+            f"greedy agreement with the target {final['greedy_agreement']}")
+    return {**result, "history": history, "draft": draft}
