@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataError, training_data
-from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, sample_windows, save_resume_state,
-                     warmup_cosine_lr)
+from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, prepare, sample_windows,
+                     save_resume_state, warmup_cosine_lr)
 
 
 @dataclass(frozen=True)
@@ -89,28 +88,12 @@ def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bo
           stop_after: int | None = None, log=print, progress: bool = True) -> dict:
     """Distil (or resume) and write the draft to ``out`` (HF dir + tokenizer + training.json); returns the record."""
     import torch
-    from tokenizers import Tokenizer
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
-    from ...export.onnx_export import load_hf
-
     target_dir, out = Path(target_dir), Path(out)
-    if not (target_dir / "tokenizer.json").is_file():
-        raise TrainError(f"{target_dir} has no tokenizer.json")
-    torch.set_num_threads(cfg.threads)
-    target = load_hf(target_dir).float().eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    eos = (target.config.eos_token_id if isinstance(target.config.eos_token_id, int) else 0) or 0
-    try:
-        train_ids, held_ids, train_docs, held_docs, split = training_data(target_dir, data, heldout, tok, eos,
-                                                                          cfg.seq, log)
-    except DataError as e:
-        raise TrainError(str(e)) from None
-    eval_rng = np.random.default_rng(12345)
-    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+    setup = prepare(target_dir, data, heldout, cfg, log)
+    target, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
     torch.manual_seed(cfg.seed)
     draft = (AutoModelForCausalLM.from_pretrained(cfg.init, dtype=torch.float32) if cfg.init
              else new_draft(target, cfg)).train()
@@ -157,8 +140,8 @@ def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bo
     bar.close()
     final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
     result = {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
-              "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "heldout_split": split,
-              "train_documents": len(train_docs), "heldout_documents": len(held_docs),
+              "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "heldout_split": setup.split,
+              "train_documents": len(setup.train_docs), "heldout_documents": len(setup.held_docs),
               "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)), "heldout": final,
               "parameters": sum(p.numel() for p in draft.parameters())}
     if result["finished"]:

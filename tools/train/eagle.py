@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataError, training_data
 
-from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state,
+from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, prepare,
                      sample_windows, save_resume_state, training_record, warmup_cosine_lr)
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
@@ -99,27 +98,15 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
           stop_after: int | None = None, log=print, progress: bool = True) -> dict:
     """Train (or resume) and write ``out``; returns the result record (also in out/training.json)."""
     import torch
-    from tokenizers import Tokenizer
     from tqdm import tqdm
 
     from ...export.eagle_head import EagleConfig, EagleHead, save_head
-    from ...export.onnx_export import load_hf, vocab_sha256
+    from ...export.onnx_export import vocab_sha256
 
     target_dir, out = Path(target_dir), Path(out)
-    if not (target_dir / "tokenizer.json").is_file():
-        raise TrainError(f"{target_dir} has no tokenizer.json")
-    torch.set_num_threads(cfg.threads)
-    model = load_hf(target_dir).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
-    try:
-        train_ids, held_ids, train_files, held, split = training_data(target_dir, data, heldout, tok, eos, cfg.seq, log)
-    except DataError as e:
-        raise TrainError(str(e)) from None
-    eval_rng = np.random.default_rng(12345)
-    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+    setup = prepare(target_dir, data, heldout, cfg, log)
+    model, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
+    train_files, held, split = setup.train_docs, setup.held_docs, setup.split
 
     torch.manual_seed(cfg.seed)
     hcfg = EagleConfig.for_target(model, target_vocab_sha256=vocab_sha256(target_dir / "tokenizer.json"))

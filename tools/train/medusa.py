@@ -24,7 +24,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,44 @@ CHECKPOINT = "checkpoint.pt"
 
 class TrainError(ValueError):
     pass
+
+
+@dataclass
+class TrainingSetup:
+    """What every trainer starts from: the frozen target and the data (``prepare``)."""
+
+    model: object  # the target, fp32, eval mode, no gradients
+    train_ids: np.ndarray  # int64 [T] training token stream
+    held_ids: np.ndarray  # int64 [T'] held-out token stream
+    train_docs: list  # the documents behind them (tools/train/data.py)
+    held_docs: list
+    split: str  # how the held-out part was chosen
+    windows: list  # fixed held-out evaluation windows of cfg.seq tokens
+
+
+def prepare(target_dir: Path, data, heldout, cfg, log) -> TrainingSetup:
+    """Load and freeze the target, read and split the data, fix the evaluation windows; TrainError if unusable."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from ...export.onnx_export import load_hf
+
+    if not (target_dir / "tokenizer.json").is_file():
+        raise TrainError(f"{target_dir} has no tokenizer.json")
+    torch.set_num_threads(cfg.threads)
+    model = load_hf(target_dir).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
+    try:
+        train_ids, held_ids, train_docs, held_docs, split = training_data(target_dir, data, heldout, tok, eos,
+                                                                          cfg.seq, log)
+    except DataError as e:
+        raise TrainError(str(e)) from None
+    eval_rng = np.random.default_rng(12345)
+    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
+    return TrainingSetup(model, train_ids, held_ids, train_docs, held_docs, split, windows)
 
 
 def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
@@ -211,28 +249,16 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     ``stop_after``: stop after this step (a checkpoint is written there), e.g. to split a run.
     """
     import torch
-    from tokenizers import Tokenizer
     from tqdm import tqdm
 
     from ...export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
-    from ...export.onnx_export import load_hf, vocab_sha256
+    from ...export.onnx_export import vocab_sha256
 
     target_dir, out = Path(target_dir), Path(out)
-    if not (target_dir / "tokenizer.json").is_file():
-        raise TrainError(f"{target_dir} has no tokenizer.json")
-    torch.set_num_threads(cfg.threads)
-    model = load_hf(target_dir).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    setup = prepare(target_dir, data, heldout, cfg, log)
+    model, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
+    train_files, held, split = setup.train_docs, setup.held_docs, setup.split
     text_cfg = model.config.get_text_config()
-    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
-    eos = (model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else 0) or 0
-    try:
-        train_ids, held_ids, train_files, held, split = training_data(target_dir, data, heldout, tok, eos, cfg.seq, log)
-    except DataError as e:
-        raise TrainError(str(e)) from None
-    eval_rng = np.random.default_rng(12345)
-    windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
 
     torch.manual_seed(cfg.seed)
     hcfg = HeadsConfig(cfg.heads, cfg.layers, int(text_cfg.hidden_size), int(model.get_output_embeddings().weight.shape[0]),
