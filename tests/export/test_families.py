@@ -13,7 +13,7 @@ from specrt.runtime.runtime import Runtime
 LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256)
 FAMILIES = {  # architecture -> (config class name, config kwargs)
-    "Qwen3ForCausalLM": ("Qwen3Config", dict(LLAMA_LIKE, head_dim=16)),
+    "Qwen3ForCausalLM": ("Qwen3Config", dict(LLAMA_LIKE, head_dim=32)),  # head_dim != hidden / heads
     "GemmaForCausalLM": ("GemmaConfig", dict(LLAMA_LIKE, head_dim=16)),
     "Gemma2ForCausalLM": ("Gemma2Config", dict(LLAMA_LIKE, head_dim=16, sliding_window=4096)),
     "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(LLAMA_LIKE, head_dim=16, sliding_window=4096)),
@@ -53,21 +53,23 @@ def test_family_decodes_like_hf(tmp_path, arch):
                            cfg=ExportConfig(max_len=48, prefill_chunk=16))
     model = load_hf(src)
     rt = specrt.load(engine)
-    prompt = ((np.arange(23) * 7 + 3) % 31 + 1).tolist()  # two prefill chunks
-    with torch.no_grad():
-        hf = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10,
-                            pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
-    for method in ("none", "ngram"):
-        out = rt.generate(prompt, max_new_tokens=10, method=method).token_ids
-        assert out == hf[: len(out)], method
+    for n in (1, 5, 23):  # 23: two prefill chunks
+        prompt = ((np.arange(n) * 7 + 3) % 31 + 1).tolist()
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10,
+                                pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        for method in ("none", "ngram"):
+            out = rt.generate(prompt, max_new_tokens=10, method=method).token_ids
+            assert out == hf[: len(out)], (n, method)
     runner = fresh_runner(Runtime.load(engine).target, 48)  # tree node logits == the node's path as a chain
     mask = example_tree_mask().numpy()
     nodes = np.arange(11, 19)
-    runner.prefill(0, prompt[:5])
+    prompt = [3, 10, 17, 24, 31]
+    runner.prefill(0, prompt)
     tree = runner.forward([0], [nodes], blocks=[mask], depths=[mask.sum(-1) - 1]).logits[0]
     for i in (3, 7):
         runner.release(0)
-        chain = runner.forward([0], [prompt[:5] + nodes[np.flatnonzero(mask[i])].tolist()]).logits[0, -1]
+        chain = runner.forward([0], [prompt + nodes[np.flatnonzero(mask[i])].tolist()]).logits[0, -1]
         np.testing.assert_allclose(tree[i], chain, atol=1e-4)
 
 
