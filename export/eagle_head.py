@@ -65,6 +65,8 @@ class EagleConfig:
     rope_theta: float = 10000.0
     target_architecture: str = ""  # HF class of the target the head was trained on
     target_vocab_sha256: str = ""  # hash of the target tokenizer's vocabulary ("" = unknown)
+    input_norm: bool = True  # the decoder layer norms its input (SafeAILab's EAGLE-1/2 layer 0 does not)
+    embed_first: bool = False  # fc reads [embed; feature] (SafeAILab's order) instead of [feature; embed]
 
     @property
     def head_dim(self) -> int:
@@ -154,13 +156,14 @@ class DecoderLayer(torch.nn.Module):
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.input_norm else None
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(self, x, position_ids, mask, past_k, past_v):
-        a, new_k, new_v = self.self_attn(self.input_layernorm(x), position_ids, mask, past_k, past_v)
+        normed = x if self.input_layernorm is None else self.input_layernorm(x)
+        a, new_k, new_v = self.self_attn(normed, position_ids, mask, past_k, past_v)
         x = x + a
         return x + self.mlp(self.post_attention_layernorm(x)), new_k, new_v
 
@@ -193,7 +196,8 @@ class EagleHead(torch.nn.Module):
         return {k: v for k, v in self.state_dict().items() if k.startswith(self.TRAINED)}
 
     def features(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
-        z = self.fc(torch.cat((hidden, self.embed(input_ids).to(hidden.dtype)), -1))
+        embedded = self.embed(input_ids).to(hidden.dtype)
+        z = self.fc(torch.cat((embedded, hidden) if self.cfg.embed_first else (hidden, embedded), -1))
         return self.layer(z, position_ids, attention_mask, past_key, past_value)
 
     def forward(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
@@ -217,6 +221,11 @@ def save_head(head: EagleHead, out: str | Path, extra: dict | None = None, dtype
 
 
 def read_head_config(head_dir: str | Path) -> tuple[EagleConfig, dict]:
+    """specrt's head dir, or an EAGLE-1/2 head as SafeAILab/EAGLE writes it (export/eagle_upstream.py)."""
+    from .eagle_upstream import is_upstream_eagle, read_upstream_config
+
+    if is_upstream_eagle(head_dir):
+        return read_upstream_config(head_dir)
     return read_head_dir(head_dir, FORMAT, EagleConfig, EagleError, "an EAGLE head", "head", "specrt train eagle")
 
 
@@ -234,11 +243,16 @@ def load_head(head_dir: str | Path, target_model, dtype=torch.float32) -> tuple[
     """(head in eval mode with the target's embedding and LM head attached, raw config dict)."""
     from safetensors.torch import load_file
 
+    from .eagle_upstream import is_upstream_eagle, read_upstream_state
+
     cfg, raw = read_head_config(head_dir)
     emb = target_model.get_output_embeddings().weight
     check_head_match(cfg, int(emb.shape[1]), int(emb.shape[0]), where=f"EAGLE head {head_dir}")
     head = EagleHead(cfg).attach_target(target_model)
-    state = load_file(str(Path(head_dir) / "model.safetensors"))
+    if is_upstream_eagle(head_dir):
+        state = read_upstream_state(head_dir)
+    else:
+        state = load_file(str(Path(head_dir) / "model.safetensors"))
     want = set(head.trained_state())
     if set(state) != want:
         raise EagleError(f"{head_dir}: weights do not match config.json (missing {sorted(want - set(state))[:3]}, "

@@ -405,7 +405,7 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
                 check_head_match(read_head_config(eagle_dir)[0], geo.hidden_size, geo.vocab_size, target_vocab,
                                  where=f"EAGLE head {eagle_dir}")
             except EagleError as e:
-                raise ExportError(str(e)) from None
+                raise ExportError(f"{e} (target {target_dir})") from None
             chain = compile_tree([[0] * d for d in range(1, eagle_tree["nodes"])])  # parity case at Q = nodes
             role_cfg = replace(cfg, with_hidden=True, tree_mask=chain.mask)
         log(f"exporting {role} {type(model).__name__} from {src} ...")
