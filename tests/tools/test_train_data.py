@@ -56,3 +56,26 @@ def test_medusa_trains_on_one_text_file_and_reports_the_split(medusa_trained, tm
     r = train(medusa_trained["target"], [str(corpus)], tmp_path / "heads", cfg, progress=False, log=lambda *_: None)
     assert r["finished"] and r["heldout_split"].startswith("one document") and r["accuracy"]["top1"]
     assert json.loads((tmp_path / "heads" / "training.json").read_text())["heldout_split"] == r["heldout_split"]
+
+
+@pytest.mark.parametrize("form", ["dir", "glob", "jsonl-text", "jsonl-messages", "jsonl-sharegpt"])
+def test_medusa_trains_on_each_format(medusa_trained, tmp_path, form):
+    from specrt.tools.train.medusa import TrainConfig, train
+
+    texts = [f.read_text() for f in sorted(medusa_trained["data"].rglob("*")) if f.is_file()]
+    if form in ("dir", "glob"):
+        (tmp_path / "d").mkdir()
+        for i, t in enumerate(texts):
+            (tmp_path / "d" / f"{i:03d}.txt").write_text(t)
+        data = [str(tmp_path / "d")] if form == "dir" else [str(tmp_path / "d" / "*.txt")]
+    else:
+        rows = {"jsonl-text": lambda t: {"text": t},
+                "jsonl-messages": lambda t: {"messages": [{"role": "user", "content": t[:40]},
+                                                          {"role": "assistant", "content": t[40:]}]},
+                "jsonl-sharegpt": lambda t: {"conversations": [{"from": "human", "value": t[:40]},
+                                                               {"from": "gpt", "value": t[40:]}]}}[form]
+        (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(rows(t)) for t in texts * 3))
+        data = [str(tmp_path / "data.jsonl")]
+    cfg = TrainConfig(heads=2, steps=3, batch=2, seq=16, positions=4, eval_every=3, save_every=3, eval_windows=2)
+    r = train(medusa_trained["target"], data, tmp_path / "heads", cfg, progress=False, log=lambda *_: None)
+    assert r["finished"] and r["heldout_split"] and r["accuracy"]["top1"] and r["heldout_files"] >= 1
