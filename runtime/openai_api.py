@@ -79,7 +79,7 @@ class SamplingFields(BaseModel):
         if not isinstance(data, dict):
             return data
         for name, neutral in NEUTRAL.items():
-            if name in data:
+            if name in data and name not in cls.model_fields:  # (a schema that implements it validates it)
                 value = data[name]
                 if not any(type(value) is type(v) and value == v for v in neutral if v is not None) and value is not None:
                     raise ValueError(f"NOT_SUPPORTED:{name}:{value!r}")
@@ -102,6 +102,7 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]  # text, token ids, or a list holding ONE text
+    echo: bool = False  # the prompt's text comes before the completion in "text" (the first chunk when streaming)
     max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default 16; None = until the cache is full
 
 

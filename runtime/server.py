@@ -212,7 +212,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
             prompt = prompt[0]
         ids = await asyncio.to_thread(encode, prompt)  # tokenization off the event loop
         params = sampling(req, ids, req.max_tokens)
-        return await generate(request, t0, ids, params, req, chat=False)
+        echo = (prompt if isinstance(prompt, str) else runtime.tokenizer.decode(ids)) if req.echo else ""
+        return await generate(request, t0, ids, params, req, chat=False, echo=echo)
 
     def render_and_encode(messages) -> list[int]:
         try:
@@ -273,7 +274,9 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
         return await generate(request, t0, ids, params, req, chat=True)
 
-    async def generate(request: Request, t0: float, ids: list[int], params: SamplingParams, req, chat: bool):
+    async def generate(request: Request, t0: float, ids: list[int], params: SamplingParams, req, chat: bool,
+                       echo: str = ""):
+        """Submit one sequence and answer it (a stream or one body); ``echo``: text put before the completion."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -309,6 +312,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                 try:
                     if chat:
                         yield sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+                    if echo:
+                        yield sse(completion_chunk(rid, model, echo))
                     while True:
                         event = await events.get()
                         if isinstance(event, TokensEvent):
@@ -354,7 +359,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                 elif isinstance(event, DoneEvent):
                     use = done(event)
                     build = chat_body if chat else completion_body
-                    return build(rid, model, event.text, event.finish_reason, use, event.stats)
+                    return build(rid, model, echo + event.text, event.finish_reason, use, event.stats)
                 elif isinstance(event, ErrorEvent):
                     metrics.failed.inc()
                     raise ApiError(500, event.message, "server_error", code="engine_error")

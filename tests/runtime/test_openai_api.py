@@ -20,6 +20,7 @@ def parse(body, schema=CompletionRequest):
     ({"seed": 7.0}, "seed", 7),
     ({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "logprobs": None, "echo": False,
       "best_of": 1, "suffix": None, "user": "u"}, "max_tokens", 16),  # what clients send by default
+    ({"echo": True}, "echo", True),  # completions implement echo
     ({"stream": True, "stream_options": {"include_usage": True}}, "stream", True),
 ])
 def test_accepted(extra, field, value):

@@ -519,3 +519,17 @@ def test_cors_and_host_checks(start_server):
     assert "access-control-allow-origin" not in other.headers
     assert httpx.get(srv.url + "/health", headers={"Host": "evil.example"}).status_code == 400
     assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_echo_puts_the_prompt_before_the_completion(server, ref):
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 6, "temperature": 0}
+    plain = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH).json()["choices"][0]["text"]
+    echoed = httpx.post(server.url + "/v1/completions", json={**body, "echo": True}, headers=AUTH).json()
+    assert echoed["choices"][0]["text"] == "hello" + plain
+    ids = httpx.post(server.url + "/v1/completions", json={**body, "prompt": ref.encode("hello"), "echo": True},
+                     headers=AUTH).json()
+    assert ids["choices"][0]["text"] == "hello" + plain  # token-id prompts are detokenized
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "echo": True, "stream": True},
+                      headers=AUTH) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hello" + plain and chunks[0]["choices"][0]["text"] == "hello"
