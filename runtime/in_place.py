@@ -163,16 +163,6 @@ class InPlaceRunner(Runner):
             self.lengths[s] = start + n
 
     # ---- slots --------------------------------------------------------------------------------
-    def rollback(self, slot: int, length: int) -> None:
-        """Keep only the first ``length`` entries of ``slot``."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
-        self.lengths[slot] = length
-
-    def set_length(self, slot: int, length: int) -> None:
-        """Treat the first ``length`` entries of ``slot`` as valid (calibration on stale entries)."""
-        self.lengths[slot] = length
-
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
         n = int(self.lengths[src])
@@ -180,8 +170,6 @@ class InPlaceRunner(Runner):
         self.lengths[dst] = n
         self.lengths[src] = 0
 
-    def release(self, slot: int) -> None:
-        self.lengths[slot] = 0
 
 
 def consecutive_runs(slots: np.ndarray) -> list[np.ndarray]:

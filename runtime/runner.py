@@ -74,6 +74,20 @@ class Runner:
         """Free cache entries of ``slot``."""
         return self.max_len - int(self.lengths[slot])
 
+    # ---- slots (``lengths`` [slots]: valid entries per slot; what is past them is stale) ---------------
+    def rollback(self, slot: int, length: int) -> None:
+        """Keep only the first ``length`` entries of ``slot``."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
+        self.lengths[slot] = length
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Treat the first ``length`` entries of ``slot`` as valid (calibration on stale entries)."""
+        self.lengths[slot] = length
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+
 
 class HostRunner(Runner):
     """One graph and its batched cache in host memory.
@@ -181,16 +195,6 @@ class HostRunner(Runner):
         self.lengths[p.slots] = start + counts
 
     # ---- slots --------------------------------------------------------------------------------
-    def rollback(self, slot: int, length: int) -> None:
-        """Keep only the first ``length`` entries of ``slot``."""
-        if not 0 <= length <= self.lengths[slot]:
-            raise ValueError(f"cannot roll back slot {slot} to {length}: it holds {self.lengths[slot]}")
-        self.lengths[slot] = length
-
-    def set_length(self, slot: int, length: int) -> None:
-        """Treat the first ``length`` entries of ``slot`` as valid (calibration on stale entries)."""
-        self.lengths[slot] = length
-
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
         n = int(self.lengths[src])
@@ -198,5 +202,3 @@ class HostRunner(Runner):
         self.lengths[dst] = n
         self.lengths[src] = 0
 
-    def release(self, slot: int) -> None:
-        self.lengths[slot] = 0

@@ -34,6 +34,22 @@ _TRAINING_OPTIONS = [
 ]
 
 
+def run_trainer(module: str, config: str, options: dict, target, data, heldout, out, resume, stop_after) -> None:
+    """Build ``tools/train/<module>.py``'s ``config`` from ``options`` and run its ``train``; errors as one line."""
+    import importlib
+
+    try:
+        trainer = importlib.import_module(f"..train.{module}", __package__)
+        from ..train.medusa import TrainError
+    except ImportError as e:
+        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
+    try:
+        trainer.train(target, data, out, getattr(trainer, config)(**options), heldout=heldout or None, resume=resume,
+                      stop_after=stop_after, log=click.echo)
+    except TrainError as e:
+        raise click.ClickException(str(e))
+
+
 @click.group()
 def train():
     """Train speculative-decoding heads for a target checkpoint (CPU)."""
@@ -51,17 +67,10 @@ def train():
 def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positions, lr, distill, eval_every, save_every, seed,
            threads, dtype, resume, stop_after):
     """Train K Medusa heads (residual block + linear each, backbone frozen) on TARGET's hidden states."""
-    try:
-        from ..train.medusa import TrainConfig, TrainError
-        from ..train.medusa import train as run
-    except ImportError as e:
-        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
-    cfg = TrainConfig(heads=heads, layers=layers, steps=steps, batch=batch, seq=seq, positions=positions, lr=lr, distill=distill,
-                      eval_every=eval_every, save_every=save_every, seed=seed, threads=threads, dtype=dtype)
-    try:
-        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
-    except TrainError as e:
-        raise click.ClickException(str(e))
+    run_trainer("medusa", "TrainConfig", dict(heads=heads, layers=layers, steps=steps, batch=batch, seq=seq,
+                                             positions=positions, lr=lr, distill=distill, eval_every=eval_every,
+                                             save_every=save_every, seed=seed, threads=threads, dtype=dtype),
+                target, data, heldout, out, resume, stop_after)
 
 
 @train.command()
@@ -72,17 +81,10 @@ def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positio
 def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, save_every, seed, threads, dtype,
           resume, stop_after):
     """Train an EAGLE head (fc + one decoder layer over features and tokens; target frozen)."""
-    try:
-        from ..train.eagle import EagleTrainConfig, TrainError
-        from ..train.eagle import train as run
-    except ImportError as e:
-        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
-    cfg = EagleTrainConfig(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls, eval_every=eval_every,
-                           save_every=save_every, seed=seed, threads=threads, dtype=dtype)
-    try:
-        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
-    except TrainError as e:
-        raise click.ClickException(str(e))
+    run_trainer("eagle", "EagleTrainConfig", dict(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls,
+                                                  eval_every=eval_every, save_every=save_every, seed=seed,
+                                                  threads=threads, dtype=dtype),
+                target, data, heldout, out, resume, stop_after)
 
 
 @train.command()
@@ -97,16 +99,8 @@ def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, 
 def draft(target, data, heldout, out, layers, hidden, attention_heads, init, steps, batch, seq, lr, eval_every,
           save_every, seed, threads, dtype, resume, stop_after):
     """Distil a small draft model from TARGET: KL(p_target || q_draft) on the target's own distributions."""
-    try:
-        from ..train.draft import DraftTrainConfig
-        from ..train.draft import train as run
-        from ..train.medusa import TrainError
-    except ImportError as e:
-        raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
-    cfg = DraftTrainConfig(layers=layers, hidden=hidden, heads=attention_heads, steps=steps, batch=batch, seq=seq,
-                           lr=lr, eval_every=eval_every, save_every=save_every, seed=seed, threads=threads,
-                           init=str(init or ""))
-    try:
-        run(target, data, out, cfg, heldout=heldout or None, resume=resume, stop_after=stop_after, log=click.echo)
-    except TrainError as e:
-        raise click.ClickException(str(e))
+    run_trainer("draft", "DraftTrainConfig", dict(layers=layers, hidden=hidden, heads=attention_heads, steps=steps,
+                                                  batch=batch, seq=seq, lr=lr, eval_every=eval_every,
+                                                  save_every=save_every, seed=seed, threads=threads,
+                                                  init=str(init or "")),
+                target, data, heldout, out, resume, stop_after)
