@@ -74,15 +74,7 @@ class InPlaceRunner(Runner):
         lengths = self.lengths[slots].copy()  # [R]
         if r == 1 and q == 1 and positions is None and int(lengths[0]) < self.max_len:  # one decode step
             return self._timed(lambda: self._decode_one(int(slots[0]), int(ids[0, 0]), lengths), 1, 1, record)
-        if positions is None and r == 1 and depths is None:  # the batch-1 chain
-            positions = np.arange(lengths[0], lengths[0] + q)[None]
-        if positions is None:
-            offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
-            for b, d in enumerate(depths or ()):
-                if d is not None:
-                    offsets[b, : len(d)] = d
-            positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
-        positions = np.asarray(positions, dtype=np.int64)
+        positions = self.positions(lengths, q, depths, positions)
         logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
         hidden = None if self.hidden_size is None else np.zeros((r, q, self.hidden_size), dtype=np.float32)
         if q == 1 and r > 1:

@@ -70,6 +70,21 @@ class Runner:
             self.on_call(rows, q, dt)
         return out
 
+    def positions(self, lengths: np.ndarray, q: int, depths=None, positions=None) -> np.ndarray:
+        """int64 [R, Q] positions of a call's new tokens: ``positions`` if given; a batch-1 chain's
+        lengths + 0..Q-1; else lengths + depth (trees) or + index, clipped to the cache (padding
+        positions may run past it; their outputs are never used)."""
+        if positions is not None:
+            return np.asarray(positions, dtype=np.int64)
+        r = len(lengths)
+        if r == 1 and depths is None:
+            return np.arange(lengths[0], lengths[0] + q, dtype=np.int64)[None]
+        offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
+        for b, d in enumerate(depths or ()):
+            if d is not None:
+                offsets[b, : len(d)] = d
+        return np.minimum(lengths[:, None] + offsets, self.max_len - 1).astype(np.int64)
+
     def room(self, slot: int) -> int:
         """Free cache entries of ``slot``."""
         return self.max_len - int(self.lengths[slot])
@@ -141,21 +156,12 @@ class HostRunner(Runner):
         past = int(lengths[0]) if r == 1 else int(lengths.max())
         if r == 1 and blocks is None and past_visible is None:  # the batch-1 chain: the fast path
             mask = chain_mask(past, q, self.dtype)
-            if positions is None:
-                positions = np.arange(past, past + q, dtype=np.int64)[None]
         else:
             mask = batch_mask(lengths, q, blocks, past_visible, self.dtype)  # [R, 1, Q, P+Q]
-        if positions is None:
-            offsets = np.broadcast_to(np.arange(q), (r, q)).copy()  # [R, Q]
-            for b, d in enumerate(depths or ()):
-                if d is not None:
-                    offsets[b, : len(d)] = d
-            # padding positions may run past the cache: clip them (their outputs are never used)
-            positions = np.minimum(lengths[:, None] + offsets, self.max_len - 1)
-        positions = np.asarray(positions, dtype=np.int64)
+        positions = self.positions(lengths, q, depths, positions)
         if self.sliding_window is not None and int(positions.max()) >= self.sliding_window:
             mask = apply_sliding_window(mask, positions, self.sliding_window)
-        feeds = {"input_ids": ids, "position_ids": np.asarray(positions, dtype=np.int64), "attention_mask": mask,
+        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
                  **(feeds or {}), **self._past(slots, past)}
         out = self._timed(lambda: self.engine.run(feeds), r, q, record)
         return Pass(slots, out["logits"], out)
