@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, prepare, sample_windows,
-                     save_resume_state, warmup_cosine_lr)
+from .medusa import CHECKPOINT, TrainError, prepare, training_loop
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,6 @@ def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bo
           stop_after: int | None = None, log=print, progress: bool = True) -> dict:
     """Distil (or resume) and write the draft to ``out`` (HF dir + tokenizer + training.json); returns the record."""
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
     target_dir, out = Path(target_dir), Path(out)
@@ -103,41 +100,21 @@ def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bo
                          f"not the target's ({vocab})")
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)
-    step, history, seconds = 0, [], 0.0
-    ckpt = out / CHECKPOINT
-    if resume:
-        state = load_resume_state(ckpt, cfg, log)
-        draft.load_state_dict(state["weights"])
-        opt.load_state_dict(state["opt"])
-        rng.bit_generator.state = state["rng"]
-        step, history, seconds = state["step"], state["history"], state["seconds"]
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar = tqdm(initial=step, total=cfg.steps, desc="draft", disable=not progress)
-    t0 = time.time()
-    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
-        while step < end:
-            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)
-            for g in opt.param_groups:
-                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
-            loss = kl_loss(draft, target, ids)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            opt.step()
-            step += 1
-            bar.update(1)
-            record = {"step": step, "kl": round(loss.item(), 4)}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record["eval"] = evaluate(draft, target, windows)
-                bar.write(f"step {step}: train KL {loss.item():.3f}; held-out KL {record['eval']['kl']}, greedy "
-                          f"agreement {record['eval']['greedy_agreement']}")
-            history.append(record)
-            if checkpoints.due(step):
-                seconds += time.time() - t0
-                t0 = time.time()
-                save_resume_state(ckpt, cfg, draft.state_dict(), opt, step, rng, history, seconds)
-                checkpoints.saved(step, ckpt)
-    bar.close()
+
+    def one_step(ids):
+        loss = kl_loss(draft, target, ids)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        return loss, {"kl": round(loss.item(), 4)}
+
+    def held_out():
+        e = evaluate(draft, target, windows)
+        return e, f"held-out KL {e['kl']}, greedy agreement {e['greedy_agreement']}"
+
+    history, seconds = training_loop("draft", cfg, out / CHECKPOINT, draft.state_dict, draft.load_state_dict, opt,
+                                     rng, train_ids, one_step, held_out, resume, stop_after, log, progress)
     final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
     result = {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
               "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "heldout_split": setup.split,

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 
-from .medusa import (CHECKPOINT, StepCheckpoints, TrainError, load_resume_state, prepare,
-                     sample_windows, save_resume_state, training_record, warmup_cosine_lr)
+from .medusa import CHECKPOINT, TrainError, prepare, training_loop, training_record
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
 
@@ -98,7 +96,6 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
           stop_after: int | None = None, log=print, progress: bool = True) -> dict:
     """Train (or resume) and write ``out``; returns the result record (also in out/training.json)."""
     import torch
-    from tqdm import tqdm
 
     from ...export.eagle_head import EagleConfig, EagleHead, save_head
     from ...export.onnx_export import vocab_sha256
@@ -114,44 +111,23 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     rng = np.random.default_rng(cfg.seed)
-    step, history, seconds = 0, [], 0.0
-    ckpt = out / CHECKPOINT
-    if resume:
-        state = load_resume_state(ckpt, cfg, log)
-        head.load_state_dict(state["weights"], strict=False)
-        opt.load_state_dict(state["opt"])
-        rng.bit_generator.state = state["rng"]
-        step, history, seconds = state["step"], state["history"], state["seconds"]
 
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar = tqdm(initial=step, total=cfg.steps, desc="eagle", disable=not progress)
-    t0 = time.time()
-    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
-        while step < end:
-            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
-            with torch.no_grad():
-                o = model(input_ids=ids, output_hidden_states=True)
-            for g in opt.param_groups:
-                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
-            loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            record = {"step": step, "loss": round(loss.item(), 4), "feat": round(l_feat, 4), "cls": round(l_cls, 4)}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record["eval"] = evaluate(model, head, windows)
-                bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 {record['eval']['top1']} "
-                          f"(top-5 {record['eval']['top5']})")
-            history.append(record)
-            if checkpoints.due(step):
-                seconds += time.time() - t0
-                t0 = time.time()
-                save_resume_state(ckpt, cfg, head.trained_state(), opt, step, rng, history, seconds)
-                checkpoints.saved(step, ckpt)
-    bar.close()
+    def one_step(ids):
+        with torch.no_grad():
+            o = model(input_ids=ids, output_hidden_states=True)
+        loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss, {"feat": round(l_feat, 4), "cls": round(l_cls, 4)}
+
+    def held_out():
+        e = evaluate(model, head, windows)
+        return e, f"held-out top-1 {e['top1']} (top-5 {e['top5']})"
+
+    history, seconds = training_loop("eagle", cfg, out / CHECKPOINT, head.trained_state,
+                                     lambda state: head.load_state_dict(state, strict=False), opt, rng, train_ids,
+                                     one_step, held_out, resume, stop_after, log, progress)
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     result["heldout_split"] = split
     done, final = result["finished"], result["accuracy"]

@@ -162,6 +162,49 @@ class StepCheckpoints:
             raise KeyboardInterrupt
 
 
+def training_loop(name: str, cfg, ckpt: Path, weights, load, opt, rng, train_ids, one_step, evaluate,
+                  resume: bool, stop_after: int | None, log, progress: bool) -> tuple[list, float]:
+    """The loop every trainer shares: resume from ``ckpt``, then steps with the learning-rate schedule,
+    held-out evaluations and resume checkpoints (``StepCheckpoints``). Returns (history, training seconds).
+
+    weights() -> the state to checkpoint; load(state) restores it; one_step(ids [B, T]) -> (loss tensor,
+    extra record fields), backward and optimizer step included; evaluate() -> (eval dict, a log line).
+    """
+    from tqdm import tqdm
+
+    step, history, seconds = 0, [], 0.0  # steps done, per-step records, training seconds so far
+    if resume:
+        state = load_resume_state(ckpt, cfg, log)
+        load(state["weights"])
+        opt.load_state_dict(state["opt"])
+        rng.bit_generator.state = state["rng"]
+        step, history, seconds = state["step"], state["history"], state["seconds"]
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(initial=step, total=cfg.steps, desc=name, disable=not progress)
+    t0 = time.time()
+    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
+        while step < end:
+            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+            for g in opt.param_groups:
+                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
+            loss, extra = one_step(ids)
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            record = {"step": step, "loss": round(loss.item(), 4), **extra}
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["eval"], line = evaluate()
+                bar.write(f"step {step}: loss {loss.item():.3f}; {line}")
+            history.append(record)
+            if checkpoints.due(step):
+                seconds += time.time() - t0
+                t0 = time.time()
+                save_resume_state(ckpt, cfg, weights(), opt, step, rng, history, seconds)
+                checkpoints.saved(step, ckpt)
+    bar.close()
+    return history, seconds
+
+
 def save_resume_state(ckpt: Path, cfg, weights: dict, opt, step: int, rng, history: list, seconds: float) -> None:
     import torch
 
@@ -249,7 +292,6 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     ``stop_after``: stop after this step (a checkpoint is written there), e.g. to split a run.
     """
     import torch
-    from tqdm import tqdm
 
     from ...export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
     from ...export.onnx_export import vocab_sha256
@@ -267,44 +309,22 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     heads.init_from_lm_head(model.get_output_embeddings().weight)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = np.random.default_rng(cfg.seed)
-    step, history, seconds = 0, [], 0.0  # steps done, per-step records, training seconds so far
-    ckpt = out / CHECKPOINT
-    if resume:
-        state = load_resume_state(ckpt, cfg, log)
-        heads.load_state_dict(state["weights"])
-        opt.load_state_dict(state["opt"])
-        rng.bit_generator.state = state["rng"]
-        step, history, seconds = state["step"], state["history"], state["seconds"]
 
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar = tqdm(initial=step, total=cfg.steps, desc="medusa", disable=not progress)
-    t0 = time.time()
-    with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
-        while step < end:
-            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
-            with torch.no_grad():
-                o = model(input_ids=ids, output_hidden_states=True)
-            for g in opt.param_groups:
-                g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
-            loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            record = {"step": step, "loss": round(loss.item(), 4), "per_head": [round(x, 4) for x in per_head]}
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                record["eval"] = evaluate(model, heads, windows, cfg)
-                bar.write(f"step {step}: loss {loss.item():.3f}; held-out top-1 per head "
-                          f"{record['eval']['top1']} (top-5 {record['eval']['top5']})")
-            history.append(record)
-            if checkpoints.due(step):
-                seconds += time.time() - t0
-                t0 = time.time()
-                save_resume_state(ckpt, cfg, heads.state_dict(), opt, step, rng, history, seconds)
-                checkpoints.saved(step, ckpt)
-    bar.close()
+    def one_step(ids):
+        with torch.no_grad():
+            o = model(input_ids=ids, output_hidden_states=True)
+        loss, per_head = heads_loss(heads, o.hidden_states[-1], o.logits, ids, cfg, rng)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss, {"per_head": [round(x, 4) for x in per_head]}
+
+    def held_out():
+        e = evaluate(model, heads, windows, cfg)
+        return e, f"held-out top-1 per head {e['top1']} (top-5 {e['top5']})"
+
+    history, seconds = training_loop("medusa", cfg, out / CHECKPOINT, heads.state_dict, heads.load_state_dict, opt,
+                                     rng, train_ids, one_step, held_out, resume, stop_after, log, progress)
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     result["heldout_split"] = split
     done, final = result["finished"], result["accuracy"]
