@@ -2,11 +2,13 @@
 agreement, resumes bit for bit, and the result drafts exactly (greedy == plain) in an exported engine."""
 import json
 
+import pytest
 import torch
 
 import specrt
 from specrt.export.onnx_export import ExportConfig, export_engine
 from specrt.tools.train.draft import DraftTrainConfig, train
+from specrt.tools.train.medusa import TrainError
 
 
 def corpus(medusa_trained, tmp_path):
@@ -24,6 +26,8 @@ def test_distil_resume_and_draft(medusa_trained, tmp_path):
     kls = [h["kl"] for h in full["history"]]
     assert full["finished"] and kls[-1] < kls[0] and 0 <= full["heldout"]["greedy_agreement"] <= 1
     assert json.loads((tmp_path / "full" / "training.json").read_text())["heldout_split"].startswith("one document")
+    with pytest.raises(TrainError, match="already holds a trained result"):  # no silent overwrite
+        train(target, data, tmp_path / "full", cfg, progress=False, log=lambda *_: None)
     part = train(target, data, tmp_path / "split", cfg, stop_after=5, progress=False, log=lambda *_: None)
     assert not part["finished"]
     resumed = train(target, data, tmp_path / "split", cfg, resume=True, progress=False, log=lambda *_: None)

@@ -30,11 +30,13 @@ _TRAINING_OPTIONS = [
     click.option("--threads", default=1, show_default=True, type=click.IntRange(1)),
     click.option("--dtype", default="fp16", show_default=True, type=click.Choice(["fp16", "fp32"])),
     click.option("--resume", is_flag=True, help="Continue the run from OUT/checkpoint.pt (same options)."),
+    click.option("--force", is_flag=True, help="Replace a trained result already in OUT."),
     click.option("--stop-after", default=None, type=click.IntRange(1), help="Stop after this step (checkpointed)."),
 ]
 
 
-def run_trainer(module: str, config: str, options: dict, target, data, heldout, out, resume, stop_after) -> None:
+def run_trainer(module: str, config: str, options: dict, target, data, heldout, out, resume, stop_after,
+                force: bool = False) -> None:
     """Build ``tools/train/<module>.py``'s ``config`` from ``options`` and run its ``train``; errors as one line."""
     import importlib
 
@@ -45,7 +47,7 @@ def run_trainer(module: str, config: str, options: dict, target, data, heldout, 
         raise click.ClickException(f"training needs torch and transformers: pip install 'specrt[export]' ({e})")
     try:
         trainer.train(target, data, out, getattr(trainer, config)(**options), heldout=heldout or None, resume=resume,
-                      stop_after=stop_after, log=click.echo)
+                      stop_after=stop_after, log=click.echo, force=force)
     except TrainError as e:
         raise click.ClickException(str(e))
 
@@ -65,12 +67,12 @@ def train():
 @click.option("--distill", default=1.0, show_default=True, type=click.FloatRange(0, 1),
               help="Self-distillation weight: 1 = learn the target's own distribution, 0 = the text's tokens.")
 def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positions, lr, distill, eval_every, save_every, seed,
-           threads, dtype, resume, stop_after):
+           threads, dtype, resume, force, stop_after):
     """Train K Medusa heads (residual block + linear each, backbone frozen) on TARGET's hidden states."""
     run_trainer("medusa", "TrainConfig", dict(heads=heads, layers=layers, steps=steps, batch=batch, seq=seq,
                                              positions=positions, lr=lr, distill=distill, eval_every=eval_every,
                                              save_every=save_every, seed=seed, threads=threads, dtype=dtype),
-                target, data, heldout, out, resume, stop_after)
+                target, data, heldout, out, resume, stop_after, force)
 
 
 @train.command()
@@ -79,12 +81,12 @@ def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positio
 @click.option("--w-cls", default=0.1, show_default=True, type=click.FloatRange(0),
               help="Weight of the CE term (target's distribution vs lm_head of the predicted feature).")
 def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, save_every, seed, threads, dtype,
-          resume, stop_after):
+          resume, force, stop_after):
     """Train an EAGLE head (fc + one decoder layer over features and tokens; target frozen)."""
     run_trainer("eagle", "EagleTrainConfig", dict(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls,
                                                   eval_every=eval_every, save_every=save_every, seed=seed,
                                                   threads=threads, dtype=dtype),
-                target, data, heldout, out, resume, stop_after)
+                target, data, heldout, out, resume, stop_after, force)
 
 
 @train.command()
@@ -97,10 +99,10 @@ def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, 
 @click.option("--init", "init", default=None, type=click.Path(exists=True, file_okay=False),
               help="Start from this HF checkpoint (same vocabulary) instead of a new random draft.")
 def draft(target, data, heldout, out, layers, hidden, attention_heads, init, steps, batch, seq, lr, eval_every,
-          save_every, seed, threads, dtype, resume, stop_after):
+          save_every, seed, threads, dtype, resume, force, stop_after):
     """Distil a small draft model from TARGET: KL(p_target || q_draft) on the target's own distributions."""
     run_trainer("draft", "DraftTrainConfig", dict(layers=layers, hidden=hidden, heads=attention_heads, steps=steps,
                                                   batch=batch, seq=seq, lr=lr, eval_every=eval_every,
                                                   save_every=save_every, seed=seed, threads=threads,
                                                   init=str(init or "")),
-                target, data, heldout, out, resume, stop_after)
+                target, data, heldout, out, resume, stop_after, force)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .medusa import CHECKPOINT, TrainError, prepare, training_loop
+from .medusa import CHECKPOINT, TrainError, check_out_dir, prepare, training_loop
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,13 @@ def evaluate(draft, target, windows) -> dict:
 
 
 def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bool = False,
-          stop_after: int | None = None, log=print, progress: bool = True) -> dict:
+          stop_after: int | None = None, log=print, progress: bool = True, force: bool = False) -> dict:
     """Distil (or resume) and write the draft to ``out`` (HF dir + tokenizer + training.json); returns the record."""
     import torch
     from transformers import AutoModelForCausalLM
 
     target_dir, out = Path(target_dir), Path(out)
+    check_out_dir(out, resume, force)
     setup = prepare(target_dir, data, heldout, cfg, log)
     target, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
     torch.manual_seed(cfg.seed)

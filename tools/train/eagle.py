@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 
-from .medusa import CHECKPOINT, TrainError, prepare, training_loop, training_record
+from .medusa import CHECKPOINT, TrainError, check_out_dir, prepare, training_loop, training_record
 
 __all__ = ["EagleTrainConfig", "TrainError", "eagle_loss", "evaluate", "train"]
 
@@ -93,7 +93,7 @@ def evaluate(model, head, windows) -> dict:
 
 
 def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bool = False,
-          stop_after: int | None = None, log=print, progress: bool = True) -> dict:
+          stop_after: int | None = None, log=print, progress: bool = True, force: bool = False) -> dict:
     """Train (or resume) and write ``out``; returns the result record (also in out/training.json)."""
     import torch
 
@@ -101,6 +101,7 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     from ...export.onnx_export import vocab_sha256
 
     target_dir, out = Path(target_dir), Path(out)
+    check_out_dir(out, resume, force)
     setup = prepare(target_dir, data, heldout, cfg, log)
     model, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
     train_files, held, split = setup.train_docs, setup.held_docs, setup.split

@@ -51,6 +51,14 @@ class TrainingSetup:
     windows: list  # fixed held-out evaluation windows of cfg.seq tokens
 
 
+def check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    """A finished result already in ``out`` (its config.json) is replaced only with ``force`` (or continued with
+    ``resume``): a user's earlier training is not overwritten by accident."""
+    if not (resume or force) and (out / "config.json").is_file():
+        raise TrainError(f"{out} already holds a trained result (config.json): pass --force to replace it, or "
+                         "--resume to continue its run")
+
+
 def prepare(target_dir: Path, data, heldout, cfg, log) -> TrainingSetup:
     """Load and freeze the target, read and split the data, fix the evaluation windows; TrainError if unusable."""
     import torch
@@ -286,7 +294,7 @@ def evaluate(model, heads, windows, cfg: TrainConfig, ranks: int = 10) -> dict:
 
 
 def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = False, stop_after: int | None = None,
-          log=print, progress: bool = True) -> dict:
+          log=print, progress: bool = True, force: bool = False) -> dict:
     """Train (or resume) and write ``out``; returns the result record (also in out/training.json).
 
     ``stop_after``: stop after this step (a checkpoint is written there), e.g. to split a run.
@@ -297,6 +305,7 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     from ...export.onnx_export import vocab_sha256
 
     target_dir, out = Path(target_dir), Path(out)
+    check_out_dir(out, resume, force)
     setup = prepare(target_dir, data, heldout, cfg, log)
     model, train_ids, held_ids, windows = setup.model, setup.train_ids, setup.held_ids, setup.windows
     train_files, held, split = setup.train_docs, setup.held_docs, setup.split
