@@ -26,7 +26,7 @@ import numpy as np
 from .batch_policy import LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
 from .gamma import AlphaEstimate
 from .proposers import Proposal
-from .sampling import SamplingError, SamplingParams, next_token
+from .sampling import SamplingError, SamplingParams, next_token, penalize, top_logprobs
 from .stats import SequenceCounts, sequence_stats
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
 from .verify import ACCEPTANCE, verify
@@ -80,6 +80,7 @@ class Row:
     request: SequenceRequest
     slot: int
     seq: list  # prompt + generated tokens
+    prompt_len: int  # how much of ``seq`` is the prompt
     limit: int  # tokens this request may generate (max_new_tokens, capped by the cache)
     rng: np.random.Generator  # this sequence's random stream (proposer and verifier draw from it)
     end_ids: set  # EOS and stop token ids
@@ -144,26 +145,43 @@ class DecodeCore:
 
     def add(self, request: SequenceRequest) -> SequenceUpdate:
         """Prefill a new sequence into a free slot and emit its first token."""
-        if not self.free_slots:
-            raise RuntimeError("no free slot")
-        ids, params = list(request.prompt_ids), request.params
+        return self.add_group([request])[0]
+
+    def add_group(self, requests: list[SequenceRequest]) -> list[SequenceUpdate]:
+        """Sequences of one prompt (a request's n choices): ONE prefill, its cache copied into every
+        other sequence's slot; each samples its first token from its own generator."""
+        if len(requests) > self.free_slots:
+            raise RuntimeError(f"{len(requests)} sequences need a slot each; {self.free_slots} free")
+        ids = list(requests[0].prompt_ids)
+        if any(list(r.prompt_ids) != ids for r in requests[1:]):
+            raise ValueError("the sequences of a group share one prompt")
         if not ids or len(ids) >= self.max_len:
             raise ValueError(f"prompt length {len(ids)} outside 1..{self.max_len - 1}")
-        rt = self.runtime
-        row = Row(request=request, slot=len(self.rows), seq=ids, limit=min(params.max_new_tokens, self.max_len - len(ids)),
-                  rng=np.random.default_rng(params.seed), end_ids=rt.eos_ids | set(params.stop_token_ids),
-                  detok=IncrementalDetokenizer(rt.tokenizer), stops=StopMatcher(params.stop),
-                  alpha=AlphaEstimate(state=self.served.export_state()))
-        self.target.release(row.slot)
-        logits, hidden = self.target.prefill(row.slot, ids)  # [V], [P, H] | None
-        row.counts.target_passes += self.target.prefill_calls(len(ids))
-        self.rows.append(row)
-        update = self._emit(row, [next_token(logits, params, row.rng)])
-        if update.finish_reason:
-            self._free(row)
-        else:
-            self._timed(self.proposer.start, [row], row, hidden)
-        return update
+        rows = [self._new_row(r, len(self.rows) + i) for i, r in enumerate(requests)]
+        self.target.release(rows[0].slot)
+        logits, hidden = self.target.prefill(rows[0].slot, ids)  # [V], [P, H] | None
+        rows[0].counts.target_passes += self.target.prefill_calls(len(ids))
+        updates = []
+        for row in rows:
+            if row is not rows[0]:
+                self.target.copy(rows[0].slot, row.slot)
+            self.rows.append(row)
+            x = penalize(logits[None], row.params, row.seq, row.prompt_len)  # [1, V]
+            tok = next_token(x[0], row.params, row.rng)
+            updates.append(self._emit(row, [tok], self._logprobs(row, x, [tok])))
+        for row, update in zip(rows, updates):
+            if update.finish_reason:
+                self._free(row)
+            else:
+                self._timed(self.proposer.start, [row], row, hidden)
+        return updates
+
+    def _new_row(self, request: SequenceRequest, slot: int) -> Row:
+        rt, params, ids = self.runtime, request.params, list(request.prompt_ids)
+        return Row(request=request, slot=slot, seq=ids, prompt_len=len(ids),
+                   limit=min(params.max_new_tokens, self.max_len - len(ids)), rng=np.random.default_rng(params.seed),
+                   end_ids=rt.eos_ids | set(params.stop_token_ids), detok=IncrementalDetokenizer(rt.tokenizer),
+                   stops=StopMatcher(params.stop), alpha=AlphaEstimate(state=self.served.export_state()))
 
     def remove(self, request_id: str) -> bool:
         """Drop a request's sequence now (cancellation): its slot and cache are free on return."""
@@ -199,9 +217,12 @@ class DecodeCore:
         drafting = [r for r, k in zip(rows, ks) if k]
         proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
-        keeps, news = [], []
+        keeps, news, logprobs = [], [], []
         for b, (row, p) in enumerate(zip(rows, proposals)):
-            path, nxt = verify(p, out.logits[b, : p.positions], row.params, row.rng, self.config.acceptance)
+            logits = out.logits[b, : p.positions]  # [k + 1, V]
+            if row.params.penalized:  # each position penalised with its own history
+                logits = penalize(logits, row.params, row.seq, row.prompt_len, p.prefixes())
+            path, nxt = verify(p, logits, row.params, row.rng, self.config.acceptance)
             n = len(path)
             if p.tree is None:  # a chain keeps its first n + 1 positions: the last token and n accepted
                 keeps.append(np.arange(n + 1))
@@ -209,9 +230,10 @@ class DecodeCore:
             else:  # a tree keeps the root and the accepted path
                 keeps.append(np.concatenate([[0], path]))
                 news.append([*p.tokens[path - 1].tolist(), nxt])
+            logprobs.append(self._logprobs(row, logits[keeps[-1]], news[-1]))  # token j came from kept position j
             self._record(row, decision.gamma, p, n)
         self.target.commit(out, keeps)
-        updates = [self._emit(row, new) for row, new in zip(rows, news)]
+        updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
         if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
             hidden = out.outputs["hidden"]  # [B, Q, H]
             for b, (row, update) in enumerate(zip(rows, updates)):
@@ -264,20 +286,27 @@ class DecodeCore:
         return result, dt
 
     # ---- output ------------------------------------------------------------------------------
-    def _emit(self, row: Row, new: list[int]) -> SequenceUpdate:
+    def _logprobs(self, row: Row, logits: np.ndarray, tokens: list[int]) -> list[tuple] | None:
+        """(logprob, top alternatives) per emitted token if the request asks; logits [K, V]: the rows they came from."""
+        if row.params.logprobs is None:
+            return None
+        return top_logprobs(logits, tokens, row.params, row.params.logprobs)
+
+    def _emit(self, row: Row, new: list[int], logprobs: list[tuple] | None = None) -> SequenceUpdate:
         """Apply EOS, stop ids, stop strings and the length limit to new tokens."""
         events, finish = [], None
-        for tok in new:
+        for i, tok in enumerate(new):
             row.out.append(tok)
             row.seq.append(tok)
+            lp, top = logprobs[i] if logprobs else (None, None)
             if tok in row.end_ids:
                 finish = "stop"
-                events.append(StreamEvent(tok, ""))
+                events.append(StreamEvent(tok, "", lp, top))
                 break
             text = row.stops.feed(row.detok.add(tok))
             row.text += text
             finish = "stop" if row.stops.hit else ("length" if len(row.out) >= row.limit else None)
-            events.append(StreamEvent(tok, text))
+            events.append(StreamEvent(tok, text, lp, top))
             if finish:
                 break
         update = SequenceUpdate(row.request.request_id, events)

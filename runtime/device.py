@@ -79,6 +79,9 @@ class DeviceRunner(Runner):
         """Treat the first ``length`` cache entries as valid (calibration on stale entries)."""
         self.dm.rollback(length) if length <= self.dm.length else self.dm.advance(length - self.dm.length)
 
+    def copy(self, src: int, dst: int) -> None:
+        raise EngineError("the device runner has one slot: nothing to copy (n > 1 needs the host runner)")
+
     def move(self, src: int, dst: int) -> None:
         raise EngineError("the device runner has one slot: nothing to move")
 

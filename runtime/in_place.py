@@ -155,12 +155,11 @@ class InPlaceRunner(Runner):
             self.lengths[s] = start + n
 
     # ---- slots --------------------------------------------------------------------------------
-    def move(self, src: int, dst: int) -> None:
-        """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
+    def copy(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid entries into slot ``dst`` (a fork: n sequences of one prompt)."""
         n = int(self.lengths[src])
         self.data[:, dst, :, :n] = self.data[:, src, :, :n]
         self.lengths[dst] = n
-        self.lengths[src] = 0
 
 
 

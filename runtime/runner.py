@@ -103,6 +103,11 @@ class Runner:
     def release(self, slot: int) -> None:
         self.lengths[slot] = 0
 
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
+        self.copy(src, dst)
+        self.release(src)
+
 
 class HostRunner(Runner):
     """One graph and its batched cache in host memory.
@@ -201,10 +206,9 @@ class HostRunner(Runner):
         self.lengths[p.slots] = start + counts
 
     # ---- slots --------------------------------------------------------------------------------
-    def move(self, src: int, dst: int) -> None:
-        """Copy slot ``src``'s valid entries into slot ``dst`` and free ``src``."""
+    def copy(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid entries into slot ``dst`` (a fork: n sequences of one prompt)."""
         n = int(self.lengths[src])
         self.data[:, :n, dst] = self.data[:, :n, src]
         self.lengths[dst] = n
-        self.lengths[src] = 0
 

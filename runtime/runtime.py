@@ -26,6 +26,17 @@ class PromptTooLongError(ValueError):
     pass
 
 
+EXTRA_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs")
+
+
+def _keywords(extra: dict) -> dict:
+    unknown = sorted(set(extra) - set(EXTRA_SAMPLING))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(unknown)}; besides the named ones: "
+                        f"{', '.join(EXTRA_SAMPLING)}")
+    return extra
+
+
 @dataclass
 class Graph:
     """One graph of the engine dir: the engine that runs it and its manifest entry."""
@@ -40,6 +51,7 @@ class GenerationOutput:
     text: str  # decoded generated text, stop string excluded
     finish_reason: str  # "stop" (EOS, stop token or stop string) | "length" (max_new_tokens or cache full)
     stats: dict = field(default_factory=dict)  # see README "Stats"
+    logprobs: list | None = None  # with logprobs=k: per generated token (logprob, ((id, logprob), ...) top k)
 
 
 class Generation:
@@ -54,7 +66,7 @@ class Generation:
         return self._events
 
     def __getattr__(self, name):
-        if name in ("token_ids", "text", "finish_reason", "stats"):
+        if name in ("token_ids", "text", "finish_reason", "stats", "logprobs"):
             return self._holder[name]
         raise AttributeError(name)
 
@@ -62,7 +74,7 @@ class Generation:
         for _ in self._events:
             pass
         h = self._holder
-        return GenerationOutput(h["token_ids"], h["text"], h["finish_reason"], h["stats"])
+        return GenerationOutput(h["token_ids"], h["text"], h["finish_reason"], h["stats"], h["logprobs"])
 
 
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32", "tensor(float16)": "float16"}
@@ -214,24 +226,30 @@ class Runtime:
     # ---- public API -------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
-                 gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact") -> GenerationOutput:
+                 gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact",
+                 **penalties_and_logprobs) -> GenerationOutput:
         """Generate a continuation of ``prompt`` (a string or a list of token ids).
+
+        ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` and ``logprobs`` (keywords)
+        are ``SamplingParams``'s; speculation stays exact with them.
 
         ``acceptance="typical"`` (method "medusa" only) opts into Medusa-2's typical acceptance:
         faster at temperature > 0 but LOSSY (the output no longer follows the target's distribution).
         """
         return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, min_p, seed, method, gamma,
-                           stop, stop_token_ids, acceptance).result()
+                           stop, stop_token_ids, acceptance, **penalties_and_logprobs).result()
 
     def stream(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
-               gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact") -> Generation:
+               gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact",
+               **penalties_and_logprobs) -> Generation:
         """Like ``generate``, but returns a ``Generation`` that yields tokens as they are produced.
 
         Arguments are validated here, before anything runs.
         """
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
-                                max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids)
+                                max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids,
+                                **_keywords(penalties_and_logprobs))
         method = self.resolve_method(method)
         if gamma is None:
             gamma = self.default_gamma  # the engine dir's defaults.gamma; None there too = adaptive
@@ -241,7 +259,8 @@ class Runtime:
         ids = self.encode(prompt)
         core = self.core(method, acceptance)
         core.policy.config.fixed_gamma = core.fixed_gamma(gamma)  # this request's γ (None: adaptive)
-        holder: dict = {"token_ids": [], "text": "", "finish_reason": None, "stats": {}}
+        holder: dict = {"token_ids": [], "text": "", "finish_reason": None, "stats": {},
+                        "logprobs": [] if params.logprobs is not None else None}
         return Generation(self._events(core, ids, params, holder), holder)
 
     def encode(self, prompt) -> list[int]:
@@ -284,6 +303,8 @@ class Runtime:
             for event in update.events:
                 if event.token_id is not None:
                     holder["token_ids"].append(event.token_id)
+                    if holder["logprobs"] is not None:
+                        holder["logprobs"].append((event.logprob, event.top_logprobs))
                 holder["text"] += event.text
                 yield event
             if update.finish_reason:

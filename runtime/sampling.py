@@ -11,6 +11,15 @@ Filter semantics (applied in this order, as HF transformers' warpers do):
     min_p        keep tokens with probability >= min_p * max probability
 Then renormalise. top-p uses a partial sort (argpartition on a growing candidate set), never
 a full sort of the vocabulary; the result is exact.
+
+Penalties (``penalize``, before all of the above; vLLM's and OpenAI's definitions) depend on the
+sequence so far, so a row's history is passed with its logits. Speculation stays exact because
+the target's row after a proposal prefix is penalised with that prefix in its history, and the
+draft's q the same way (the same function on both sides):
+    repetition_penalty  r > 0: a token seen in the prompt or the output gets logit / r if the
+                        logit is positive, logit * r otherwise (HF's and vLLM's rule; 1 = off)
+    frequency_penalty   logit -= f * (times the token occurs in the output)   (0 = off)
+    presence_penalty    logit -= p * (1 if the token occurs in the output)    (0 = off)
 """
 from __future__ import annotations
 
@@ -33,6 +42,10 @@ class SamplingParams:
     max_new_tokens: int = 64  # generation length limit
     stop_token_ids: tuple = ()  # extra ids that end generation (besides the model's EOS)
     stop: tuple = field(default_factory=tuple)  # strings that end generation (excluded from text)
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from the logit of every token in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0: divides positive / multiplies negative logits of seen tokens; 1 = off
+    logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives; None = off
 
     def __post_init__(self):
         t, k, p, mp = self.temperature, self.top_k, self.top_p, self.min_p
@@ -48,6 +61,16 @@ class SamplingParams:
             raise SamplingError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and (not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
             raise SamplingError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2 <= v <= 2:
+                raise SamplingError(f"{name} must be a number in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0 < r <= 100) or not np.isfinite(r):
+            raise SamplingError(f"repetition_penalty must be a number in (0, 100] (1 = off), got {r!r}")
+        lp = self.logprobs
+        if lp is not None and (not isinstance(lp, (int, np.integer)) or isinstance(lp, bool) or not 0 <= lp <= 20):
+            raise SamplingError(f"logprobs must be an integer in 0..20 (alternatives per token) or None, got {lp!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
@@ -56,6 +79,60 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+
+def penalize(logits: np.ndarray, params: SamplingParams, seq, prompt_len: int, prefixes=None) -> np.ndarray:
+    """The penalties of ``params`` applied to rows of logits; unchanged (not copied) when none is set.
+
+    logits: [N, V]; seq: the sequence so far (prompt, then output); prompt_len: how much of ``seq`` is
+    the prompt; prefixes: per row the proposal tokens before it (row i's history is seq + prefixes[i];
+    None: every row's history is seq). Returns [N, V] (float64 when penalised).
+    """
+    if not params.penalized:
+        return logits
+    x = np.array(logits, dtype=np.float64)  # [N, V] a copy
+    n, v = x.shape
+    seq = np.asarray(seq, dtype=np.int64)
+    counts = np.tile(np.bincount(seq[prompt_len:], minlength=v)[:v], (n, 1))  # [N, V] output occurrences
+    if prefixes is not None:
+        rows = np.concatenate([np.full(len(t), i) for i, t in enumerate(prefixes)]).astype(np.int64)
+        toks = np.concatenate([np.asarray(t, dtype=np.int64) for t in prefixes])
+        np.add.at(counts, (rows, toks), 1)
+    if params.repetition_penalty != 1:
+        seen = counts > 0
+        seen[:, seq[:prompt_len]] = True  # [N, V] in the prompt or the output
+        r = params.repetition_penalty
+        x = np.where(seen, np.where(x > 0, x / r, x * r), x)
+    x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return x
+
+
+def log_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """What a token's reported log-probability is: log ``probs()`` (the distribution it was sampled
+    from; -inf for filtered tokens) when sampling, the model's log-softmax when greedy (log of a
+    one-hot says nothing). logits: [N, V] (penalised) -> float64 [N, V]."""
+    if params.greedy:
+        x = np.asarray(logits, dtype=np.float64)
+        x = x - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+    with np.errstate(divide="ignore"):
+        return np.log(probs(logits, params))
+
+
+def top_logprobs(logits: np.ndarray, tokens, params: SamplingParams, top: int) -> list[tuple]:
+    """Per row, (the token's log-probability, ((id, logprob), ...) the ``top`` most probable, best first).
+    logits: [K, V] (penalised); tokens: int [K], the tokens emitted from those rows."""
+    lp = log_probs(logits, params)  # [K, V]
+    out = []
+    for row, tok in zip(lp, tokens):
+        best = np.argpartition(-row, top - 1)[:top] if 0 < top < len(row) else np.arange(len(row) if top else 0)
+        best = best[np.argsort(-row[best], kind="stable")]
+        out.append((float(row[tok]), tuple((int(i), float(row[i])) for i in best)))
+    return out
 
 
 def _top_p_threshold(p: np.ndarray, top_p: float) -> np.ndarray:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 class StreamEvent:
     token_id: int | None  # the token produced; None for a final text-only flush event
     text: str  # text this token made final ("" while a multi-byte char or possible stop string is held)
+    logprob: float | None = None  # the token's log-probability (SamplingParams.logprobs set), see sampling.log_probs
+    top_logprobs: tuple | None = None  # ((id, logprob), ...) the most probable tokens at that position, best first
 
 
 class IncrementalDetokenizer:

@@ -96,3 +96,15 @@ def reference_probs(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
             p /= p.sum()
         out.append(p)
     return np.array(out)
+
+
+def reference_penalize(logits, seq, prompt_len, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0):
+    """Straightforward reference of the documented penalties for ONE row of logits after ``seq``."""
+    x = np.array(logits, dtype=np.float64)
+    output = list(seq[prompt_len:])
+    for tok in set(seq):
+        if repetition_penalty != 1:
+            x[tok] = x[tok] / repetition_penalty if x[tok] > 0 else x[tok] * repetition_penalty
+    for tok in set(output):
+        x[tok] -= frequency_penalty * output.count(tok) + presence_penalty
+    return x

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from reference import reference_probs, run_all
+from reference import reference_penalize, reference_probs, run_all
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
 
@@ -23,7 +23,8 @@ P_MIN = 1e-4
 
 
 def exact_joint(model, prompt: list[int], sampling: dict, vocab: int) -> np.ndarray:
-    """P[t1, t2, t3] of the target under ``sampling`` (no EOS: the test models have none).
+    """P[t1, t2, t3] of the target under ``sampling`` (no EOS: the test models have none); penalties in
+    ``sampling`` are applied with each sequence's history (``reference_penalize``).
 
     model: the torch target, or a function seqs [N, S] -> next-token logits [N, V] (e.g. ``graph_logits``:
     the exported graph itself, the reference of a quantized target).
@@ -36,6 +37,9 @@ def exact_joint(model, prompt: list[int], sampling: dict, vocab: int) -> np.ndar
                 logits = model(torch.tensor(seqs)).logits[:, -1].double().numpy()
         else:
             logits = np.asarray(model(seqs), dtype=np.float64)
+        penalties = {k: v for k, v in sampling.items() if k.endswith("_penalty")}
+        if penalties:
+            logits = np.stack([reference_penalize(x, s, len(prompt), **penalties) for x, s in zip(logits, seqs)])
         return reference_probs(logits, **ref)
 
     p1 = dist([prompt])[0]  # [V]

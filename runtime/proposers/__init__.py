@@ -38,6 +38,16 @@ class Proposal:
         """Target positions this proposal needs: the root and its k tokens."""
         return len(self.tokens) + 1
 
+    def prefixes(self) -> list[np.ndarray]:
+        """Per target position, the proposal tokens its history adds to the sequence (penalties need
+        them): a chain's position i follows x_1..x_i, a tree node follows its path from the root."""
+        if self.tree is None:
+            return [self.tokens[:i] for i in range(self.positions)]
+        out = [self.tokens[:0]]
+        for i in range(1, self.positions):  # parents precede children
+            out.append(np.append(out[self.tree.parents[i]], self.tokens[i - 1]))
+        return out
+
 
 EMPTY = Proposal(np.zeros(0, np.int64))  # no proposal: the round is one plain decode step
 

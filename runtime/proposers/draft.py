@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ..sampling import probs, sample
+from ..sampling import penalize, probs, sample
 from . import EMPTY, NoProposer, Proposal
 
 
@@ -69,11 +69,12 @@ class DraftProposer(NoProposer):
         for i in range(max(ks)):
             for j, b in enumerate(active):
                 if i < ks[b]:
-                    params = rows[b].params
+                    row, params = rows[b], rows[b].params
+                    x = penalize(logits[j][None], params, row.seq, row.prompt_len, [tokens[j]])  # the target's rule
                     if params.greedy:
-                        tokens[j].append(int(np.argmax(logits[j])))
+                        tokens[j].append(int(np.argmax(x[0])))
                     else:
-                        q = probs(logits[j][None], params)[0]  # [V]
+                        q = probs(x, params)[0]  # [V]
                         tokens[j].append(int(sample(q[None], rows[b].rng)[0]))
                         qs[j].append(q)
             feed = [j for j, b in enumerate(active) if i < ks[b] - 1]  # rows that need another token
