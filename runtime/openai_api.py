@@ -2,7 +2,7 @@
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
 400 with an OpenAI-style error body (``error_body``), never silently ignored. Fields of OpenAI's API
-that specrt does not implement (penalties, logit_bias, logprobs, tools, ...) are accepted at their
+that specrt does not implement (logit_bias, tools, best_of, ...) are accepted at their
 neutral value (what clients send by default) and refused with a 400 naming the field otherwise;
 integral floats are accepted where the API takes an integer (16.0 for 16), as OpenAI's server does.
 """
@@ -26,12 +26,11 @@ def _integral(v):
 Int = Annotated[int, BeforeValidator(_integral)]
 
 # OpenAI fields specrt does not implement -> the values that mean "off" (accepted; anything else: 400)
-NEUTRAL = {"frequency_penalty": (0, 0.0, None), "presence_penalty": (0, 0.0, None), "logit_bias": ({}, None),
-           "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False, None), "suffix": (None, ""),
+NEUTRAL = {"logit_bias": ({}, None), "echo": (False, None), "suffix": (None, ""),
            "best_of": (None, 1), "response_format": (None, {"type": "text"}), "tools": (None, []),
            "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "functions": (None, []),
            "function_call": (None, "none"), "service_tier": (None, "auto", "default"), "store": (None, False),
-           "metadata": (None, {}), "repetition_penalty": (None, 1, 1.0), "modalities": (None, ["text"]),
+           "metadata": (None, {}), "modalities": (None, ["text"]),
            "prediction": (None,), "reasoning_effort": (None,), "audio": (None,), "web_search_options": (None,)}
 
 class ApiError(Exception):
@@ -63,7 +62,7 @@ class SamplingFields(BaseModel):
     model: str  # must be the served model's id (GET /v1/models)
     temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
     top_p: float = Field(1.0, gt=0, le=1)
-    n: Int = Field(1, ge=1, le=1)  # one choice per request
+    n: Int = Field(1, ge=1, le=128)  # choices: independent samples sharing the prompt's prefill (<= --max-batch)
     stream: bool = False  # server-sent events, ending with "data: [DONE]"
     stream_options: StreamOptions | None = None  # only with stream=true
     stop: str | list[str] | None = None  # a string of any length, or a list of up to 4
@@ -71,6 +70,9 @@ class SamplingFields(BaseModel):
     user: str | None = None  # accepted and ignored
     top_k: Int = Field(0, ge=0)  # extension: 0 = off
     min_p: float = Field(0.0, ge=0, lt=1)  # extension: 0 = off
+    presence_penalty: float = Field(0.0, ge=-2, le=2)  # minus this on the logit of every token already generated
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)  # minus this per occurrence in the generated text
+    repetition_penalty: float = Field(1.0, gt=0, le=100)  # extension (vLLM's): seen tokens' logits / r (or * r)
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +106,17 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str]  # text, token ids, or a list holding ONE text
     echo: bool = False  # the prompt's text comes before the completion in "text" (the first chunk when streaming)
     max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default 16; None = until the cache is full
+    logprobs: Int | None = Field(None, ge=0, le=20)  # each token's logprob and this many alternatives
+
+    @model_validator(mode="after")
+    def _no_prompt_logprobs(self):
+        if self.echo and self.logprobs is not None:
+            raise ValueError("ECHO_LOGPROBS")
+        return self
+
+    @property
+    def top(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -126,6 +139,18 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Int | None = Field(None, ge=1)  # None = until the cache is full
     max_completion_tokens: Int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False  # each generated token's logprob in choices[].logprobs.content
+    top_logprobs: Int | None = Field(None, ge=0, le=20)  # and this many alternatives (needs logprobs=true)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("TOP_LOGPROBS")
+        return self
+
+    @property
+    def top(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class TokenizeRequest(BaseModel):
@@ -162,6 +187,11 @@ def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
             _, name, value = msg.split(":", 2)
             raise ApiError(400, f"{name}={value} is not supported by specrt (only its neutral value is accepted)",
                            param=name, code="unsupported_parameter") from None
+        if msg == "ECHO_LOGPROBS":
+            raise ApiError(400, "echo with logprobs (the prompt's logprobs) is not supported by specrt", param="echo",
+                           code="unsupported_parameter") from None
+        if msg == "TOP_LOGPROBS":
+            raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value") from None
         if msg == "STREAM_OPTIONS":
             raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options",
                            code="invalid_value") from None
@@ -191,33 +221,73 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculation_field(stats: dict) -> dict:
-    """The ``speculation`` extension field: this request's proposals and acceptance."""
-    return {k: stats[k] for k in ("method", "proposed", "accepted", "acceptance_rate", "target_passes",
-                                  "tokens_per_pass", "rounds")}
+def speculation_field(stats: list[dict]) -> dict:
+    """The ``speculation`` extension field: the request's proposals and acceptance over its choices
+    (``stats``: one ``DecodeCore.stats_for`` per choice)."""
+    if len(stats) == 1:
+        return {k: stats[0][k] for k in ("method", "proposed", "accepted", "acceptance_rate", "target_passes",
+                                         "tokens_per_pass", "rounds")}
+    total = {k: sum(s[k] for s in stats) for k in ("proposed", "accepted", "target_passes", "rounds")}
+    return {"method": stats[0]["method"], **total,
+            "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
+            "tokens_per_pass": (total["accepted"] + total["rounds"]) / max(total["rounds"], 1)}
 
 
-def completion_body(rid: str, model: str, text: str, finish: str, use: dict, stats: dict) -> dict:
+def completion_body(rid: str, model: str, choices: list[dict], use: dict, stats: dict) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-            "usage": use, "speculation": speculation_field(stats)}
+            "choices": choices, "usage": use, "speculation": stats}
 
 
-def chat_body(rid: str, model: str, text: str, finish: str, use: dict, stats: dict) -> dict:
+def chat_body(rid: str, model: str, choices: list[dict], use: dict, stats: dict) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}],
-            "usage": use, "speculation": speculation_field(stats)}
+            "choices": choices, "usage": use, "speculation": stats}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None = None) -> dict:
+def completion_choice(index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def chat_choice(index: int, text: str, finish: str, logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish}
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None = None, index: int = 0,
+                     logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [completion_choice(index, text, finish, logprobs)]}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None, index: int = 0,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+
+# ---- logprobs (entries: (token text, logprob, ((text, logprob), ...) alternatives) per token) --------
+FLOOR = -9999.0  # a filtered token's log-probability (-inf is not JSON), as OpenAI's and vLLM's servers send
+
+
+def _lp(x: float) -> float:
+    return x if x > FLOOR else FLOOR
+
+
+def completion_logprobs(entries: list[tuple], offset: int) -> dict:
+    """The legacy completions ``logprobs`` object; ``offset``: text length before the first token."""
+    offsets, at = [], offset
+    for text, _, _ in entries:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [_lp(lp) for _, lp, _ in entries],
+            "top_logprobs": [{t: _lp(lp) for t, lp in top} for _, _, top in entries], "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[tuple]) -> dict:
+    """Chat's ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    def item(text, lp):
+        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]} for t, lp, top in entries]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, use: dict) -> dict:

@@ -1,7 +1,7 @@
 """Prometheus metrics of `specrt serve` (served at GET /metrics), in a registry owned by one app."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from .core import StepReport
 
@@ -24,6 +24,12 @@ class ServerMetrics:
                                          ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("specrt_time_to_first_token_seconds", "Time from request to its first token",
                               buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("specrt_queue_wait_seconds", "Time a request waited in the queue for its slots",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token = Histogram("specrt_inter_token_latency_seconds",
+                                     "Time between a choice's streamed tokens (a round's tokens share its gap)",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds
         self.prompt_tokens = Counter("specrt_prompt_tokens", "Prompt tokens of completed requests", registry=r)
         self.generated_tokens = Counter("specrt_generated_tokens",
                                         "Generated tokens of completed requests (usage.completion_tokens)", registry=r)

@@ -15,20 +15,19 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .core import CoreConfig, DecodeCore
 from .chat import ChatTemplate, TemplateInputError
 from .openai_api import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
-                         chat_body, chat_chunk,
-                         completion_body, completion_chunk, error_body, new_id, parse_request, speculation_field,
-                         sse, usage, usage_chunk)
+                         error_body, parse_request)
 from .runtime import PromptTooLongError
 from .sampling import SamplingError, SamplingParams
+from .serve_answer import Answerer, Job
 from .serve_metrics import ServerMetrics
-from .worker import DoneEvent, EngineUnavailableError, EngineWorker, ErrorEvent, QueueFullError, TokensEvent
+from .worker import EngineWorker
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
              "/detokenize", "/version")
@@ -80,7 +79,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     metrics = ServerMetrics(max_batch=config.batch.max_batch, policy=generator.policy,
                             current_alpha=lambda: generator.served.alpha)
     worker = EngineWorker(generator, config.max_queue, on_step=metrics.observe_step,
-                          on_cancel=lambda handle: metrics.cancelled.inc())
+                          on_cancel=lambda handle: metrics.cancelled.inc(), on_admit=metrics.queue_wait.observe)
+    answer = Answerer(worker, metrics, config.model_name, lambda i: runtime.tokenizer.decode([i]))
     template = ChatTemplate(runtime.manifest.tokenizer_dir)
     model = config.model_name
 
@@ -123,10 +123,10 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     def authorize(request: Request) -> None:
         if config.api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        if not header.startswith("Bearer "):
+        scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 9110)
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        if not secrets.compare_digest(header[len("Bearer "):].encode(), config.api_key.encode()):
+        if not secrets.compare_digest(key.strip().encode(), config.api_key.encode()):
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
 
     async def read_body(request: Request) -> bytes:
@@ -168,7 +168,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                            f"{config.max_prompt_tokens}", param="prompt", code="context_length_exceeded")
         return ids
 
-    def sampling(req, ids: list[int], max_tokens: int | None) -> SamplingParams:
+    def sampling(req, ids: list[int], max_tokens: int | None) -> list[SamplingParams]:
+        """One ``SamplingParams`` per choice (n); with a seed, choice i samples with seed + i."""
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
         limit = runtime.manifest.max_len
         if max_tokens is not None and len(ids) + max_tokens > limit:  # as vLLM: refused, not silently capped
@@ -176,14 +177,20 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
                            "completion). Please reduce the prompt or max_tokens.", param="max_tokens",
                            code="context_length_exceeded")
+        if req.n > config.batch.max_batch:
+            raise ApiError(400, f"n={req.n}: this server decodes at most {config.batch.max_batch} sequences at once "
+                           "(--max-batch)", param="n", code="invalid_value")
         try:
-            return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-                                  seed=req.seed, max_new_tokens=max_tokens or runtime.manifest.max_len - len(ids),
-                                  stop=stop)
+            return [SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                                   seed=None if req.seed is None else req.seed + i,
+                                   max_new_tokens=max_tokens or runtime.manifest.max_len - len(ids), stop=stop,
+                                   presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                                   repetition_penalty=req.repetition_penalty, logprobs=req.top)
+                    for i in range(req.n)]
         except SamplingError as e:
             raise ApiError(400, str(e), code="invalid_value") from None
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         body = {"status": "ok" if worker.running else "unavailable", "model": model, "batch_size": worker.active,
                 "queue_depth": worker.queue_depth, "max_batch": config.batch.max_batch}
@@ -207,13 +214,13 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise ApiError(400, "one prompt per request (n=1): send a string, token ids, or a list of one "
+                raise ApiError(400, "one prompt per request: send a string, token ids, or a list of one "
                                "string", param="prompt", code="invalid_value")
             prompt = prompt[0]
         ids = await asyncio.to_thread(encode, prompt)  # tokenization off the event loop
         params = sampling(req, ids, req.max_tokens)
         echo = (prompt if isinstance(prompt, str) else runtime.tokenizer.decode(ids)) if req.echo else ""
-        return await generate(request, t0, ids, params, req, chat=False, echo=echo)
+        return await answer(request, job(req, t0, ids, params, chat=False, echo=echo))
 
     def render_and_encode(messages) -> list[int]:
         try:
@@ -272,112 +279,13 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         check_model(req.model)
         ids = await asyncio.to_thread(render_and_encode, req.messages)  # off the event loop
         params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
-        return await generate(request, t0, ids, params, req, chat=True)
+        return await answer(request, job(req, t0, ids, params, chat=True))
 
-    async def generate(request: Request, t0: float, ids: list[int], params: SamplingParams, req, chat: bool,
-                       echo: str = ""):
-        """Submit one sequence and answer it (a stream or one body); ``echo``: text put before the completion."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def on_event(event) -> None:  # worker thread -> this request's event loop
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-        try:
-            handle = worker.submit(ids, params, on_event)
-        except QueueFullError as e:
-            raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
-        except EngineUnavailableError as e:
-            raise ApiError(503, str(e), "server_error", code="engine_unavailable") from None
-        rid = new_id("chatcmpl" if chat else "cmpl")
-        first = [True]
-
-        def first_token_seen(event) -> None:
-            if first[0] and any(e.token_id is not None for e in event.events):
-                first[0] = False
-                metrics.ttft.observe(time.perf_counter() - t0)
-
-        def done(event: DoneEvent) -> dict:
-            metrics.prompt_tokens.inc(len(ids))
-            metrics.generated_tokens.inc(len(event.token_ids))
-            return usage(len(ids), len(event.token_ids))
-
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-            async def stream():
-                try:
-                    if chat:
-                        yield sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}))
-                    if echo:
-                        yield sse(completion_chunk(rid, model, echo))
-                    while True:
-                        event = await events.get()
-                        if isinstance(event, TokensEvent):
-                            first_token_seen(event)
-                            for e in event.events:
-                                if e.text:
-                                    yield sse(chat_chunk(rid, model, {"content": e.text}) if chat
-                                              else completion_chunk(rid, model, e.text))
-                        elif isinstance(event, DoneEvent):
-                            use = done(event)
-                            last = chat_chunk(rid, model, {}, event.finish_reason) if chat else \
-                                completion_chunk(rid, model, "", event.finish_reason)
-                            last["speculation"] = speculation_field(event.stats)
-                            yield sse(last)
-                            if include_usage:
-                                yield sse(usage_chunk(rid, model, last["object"], use))
-                            yield sse("[DONE]")
-                            return
-                        else:  # ErrorEvent: the stream has started, so the error travels as an event
-                            metrics.failed.inc()
-                            yield sse(error_body(event.message, "server_error", code="engine_error"))
-                            yield sse("[DONE]")
-                            return
-                finally:
-                    if not handle.finished:  # client went away (or the stream was closed): free the slot
-                        worker.cancel(handle)
-
-            return StreamingResponse(stream(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-        def client_left() -> None:
-            worker.cancel(handle)
-            events.put_nowait(None)  # wake the wait below: no more events will come
-
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, client_left))
-        try:
-            while True:
-                event = await events.get()
-                if event is None:  # nobody reads the answer; 499 = "client closed request" in the logs
-                    return JSONResponse(error_body("client closed the request", code="client_closed"), 499)
-                if isinstance(event, TokensEvent):
-                    first_token_seen(event)
-                elif isinstance(event, DoneEvent):
-                    use = done(event)
-                    build = chat_body if chat else completion_body
-                    return build(rid, model, echo + event.text, event.finish_reason, use, event.stats)
-                elif isinstance(event, ErrorEvent):
-                    metrics.failed.inc()
-                    raise ApiError(500, event.message, "server_error", code="engine_error")
-        finally:
-            watcher.cancel()
-            if not handle.finished:
-                worker.cancel(handle)
+    def job(req, t0: float, ids: list[int], params: list[SamplingParams], chat: bool, echo: str = "") -> Job:
+        usage_chunk = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        return Job(ids, params, chat, req.stream, t0, usage_chunk, echo)
 
     return app
-
-
-async def _cancel_on_disconnect(request: Request, cancel) -> None:
-    """Wait for the client of a non-streaming request to disconnect; then cancel its generation."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            cancel()
-            return
 
 
 class BackgroundServer:

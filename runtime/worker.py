@@ -2,9 +2,11 @@
 
 Callers (the HTTP server's handlers, a benchmark) ``submit`` requests from any thread and get
 a ``RequestHandle``; the worker calls the handle's ``on_event`` from its own thread with
-``TokensEvent``s, then one ``DoneEvent`` (or ``ErrorEvent``). Scheduling is first come, first
-served: a free slot goes to the oldest queued request, and every admitted sequence advances by
-one round in every step, so no sequence waits behind another's whole generation.
+``TokensEvent``s, then one ``DoneEvent`` per choice (or one ``ErrorEvent``). A request of n
+choices is n sequences admitted together (one prefill, ``DecodeCore.add_group``); events name
+their choice by ``index``. Scheduling is first come, first served: free slots go to the oldest
+queued request, and every admitted sequence advances by one round in every step, so no
+sequence waits behind another's whole generation.
 ``handle.cancel()`` frees the sequence's slot and cache at the next step boundary (or drops
 it from the queue), so a slot is never held by a client that has gone away.
 """
@@ -31,6 +33,7 @@ class EngineUnavailableError(RuntimeError):
 @dataclass
 class TokensEvent:
     events: list  # StreamEvent list (token_id None: a final text flush)
+    index: int = 0  # which choice
 
 
 @dataclass
@@ -39,6 +42,7 @@ class DoneEvent:
     token_ids: list  # all generated ids
     text: str  # all generated text (stop string excluded)
     stats: dict  # per-request speculation stats (DecodeCore.stats_for)
+    index: int = 0  # which choice
 
 
 @dataclass
@@ -47,17 +51,19 @@ class ErrorEvent:
 
 
 class RequestHandle:
-    """One submitted request. ``on_event`` runs on the worker thread: keep it short and non-blocking."""
+    """One submitted request (n choices). ``on_event`` runs on the worker thread: keep it short and non-blocking."""
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_ids, params, on_event: Callable[[object], None]):
+    def __init__(self, prompt_ids, params: list, on_event: Callable[[object], None]):
         self.request_id = f"req-{next(self._ids)}"
-        self.request = SequenceRequest(self.request_id, list(prompt_ids), params)
+        self.requests = [SequenceRequest(f"{self.request_id}.{i}", list(prompt_ids), p) for i, p in enumerate(params)]
+        self.index = {r.request_id: i for i, r in enumerate(self.requests)}  # sequence id -> choice index
         self.on_event = on_event
         self.submitted = time.perf_counter()
         self.cancelled = threading.Event()
-        self.finished = False  # set by the worker after the DoneEvent / ErrorEvent
+        self.running = len(params)  # choices not finished yet
+        self.finished = False  # set by the worker after the last DoneEvent / the ErrorEvent
 
     def cancel(self) -> None:
         """Stop generating and free the slot (no further events are delivered)."""
@@ -69,11 +75,13 @@ class EngineWorker:
 
     def __init__(self, generator: DecodeCore, max_queue: int = 128,
                  on_step: Callable[[StepReport | None, int, int], None] | None = None,
-                 on_cancel: Callable[[RequestHandle], None] | None = None):
+                 on_cancel: Callable[[RequestHandle], None] | None = None,
+                 on_admit: Callable[[float], None] | None = None):
         self.generator = generator
         self.max_queue = max_queue  # queued (not yet admitted) requests beyond which submit raises QueueFullError
         self.on_step = on_step  # (report or None, active sequences, queue depth) after each step / admission
         self.on_cancel = on_cancel  # a cancelled request left its slot or the queue
+        self.on_admit = on_admit  # (seconds the request waited in the queue) when it gets its slots
         self._queue: collections.deque[RequestHandle] = collections.deque()
         self._active: dict[str, RequestHandle] = {}
         self._cond = threading.Condition()
@@ -128,7 +136,12 @@ class EngineWorker:
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, prompt_ids, params, on_event: Callable[[object], None]) -> RequestHandle:
-        """Queue a request (thread-safe). Raises QueueFullError or EngineUnavailableError."""
+        """Queue a request (thread-safe): ``params`` one ``SamplingParams`` or a list, one per choice.
+        Raises QueueFullError, EngineUnavailableError, or ValueError (more choices than slots)."""
+        params = list(params) if isinstance(params, (list, tuple)) else [params]
+        if not 1 <= len(params) <= self.generator.config.max_batch:
+            raise ValueError(f"n={len(params)} choices: this server decodes at most "
+                             f"{self.generator.config.max_batch} sequences at once (--max-batch)")
         handle = RequestHandle(prompt_ids, params, on_event)
         with self._cond:
             if not self.running:
@@ -155,13 +168,14 @@ class EngineWorker:
                     self._cond.wait(0.5)
                 if not self._running:
                     break
-                admitted = []
-                while self._queue and len(admitted) < gen.free_slots:
+                admitted, free = [], gen.free_slots
+                while self._queue and len(self._queue[0].requests) <= free:
                     handle = self._queue.popleft()
                     if handle.cancelled.is_set():
                         self._cancelled(handle)
                     else:
                         admitted.append(handle)
+                        free -= len(handle.requests)
             try:
                 self._drop_cancelled()
                 for handle in admitted:
@@ -176,23 +190,32 @@ class EngineWorker:
         self._fail_all("the server is shutting down", include_queue=True)
 
     def _admit(self, handle: RequestHandle) -> None:
+        if self.on_admit is not None:
+            self.on_admit(time.perf_counter() - handle.submitted)
         try:
-            update = self.generator.add(handle.request)
+            updates = self.generator.add_group(handle.requests)
         except Exception as e:  # this request's prefill failed: only it fails
-            self.generator.remove(handle.request_id)
+            for r in handle.requests:
+                self.generator.remove(r.request_id)
             handle.finished = True
             handle.on_event(ErrorEvent(f"{type(e).__name__}: {e}"))
             return
-        self._active[handle.request_id] = handle
-        self._deliver(update)
+        for r in handle.requests:
+            self._active[r.request_id] = handle
+        for update in updates:
+            self._deliver(update)
         self._report(None)
 
     def _drop_cancelled(self) -> None:
-        for rid, handle in list(self._active.items()):
-            if handle.cancelled.is_set():
-                self.generator.remove(rid)
-                del self._active[rid]
-                self._cancelled(handle)
+        for handle in {id(h): h for h in self._active.values() if h.cancelled.is_set()}.values():
+            self._drop(handle)
+
+    def _drop(self, handle: RequestHandle) -> None:
+        """A cancelled request's sequences leave their slots now."""
+        for r in handle.requests:
+            self.generator.remove(r.request_id)
+            self._active.pop(r.request_id, None)
+        self._cancelled(handle)
 
     def _cancelled(self, handle: RequestHandle) -> None:
         handle.finished = True
@@ -203,24 +226,24 @@ class EngineWorker:
         handle = self._active.get(update.request_id)
         if handle is None:
             return
-        if handle.cancelled.is_set():  # cancelled during the step: free the slot now, deliver nothing
-            self.generator.remove(update.request_id)
-            del self._active[update.request_id]
-            self._cancelled(handle)
+        if handle.cancelled.is_set():  # cancelled during the step: free the slots now, deliver nothing
+            self._drop(handle)
             return
+        index = handle.index[update.request_id]
         if update.events:
-            handle.on_event(TokensEvent(update.events))
+            handle.on_event(TokensEvent(update.events, index))
         if update.finish_reason:
             del self._active[update.request_id]
-            handle.finished = True
-            handle.on_event(DoneEvent(update.finish_reason, update.token_ids, update.text, update.stats))
+            handle.running -= 1
+            handle.finished = not handle.running
+            handle.on_event(DoneEvent(update.finish_reason, update.token_ids, update.text, update.stats, index))
 
     def _report(self, report: StepReport | None) -> None:
         if self.on_step is not None:
             self.on_step(report, len(self.generator.rows), len(self._queue))
 
     def _fail_all(self, message: str, include_queue: bool = False) -> None:
-        handles = list(self._active.values())
+        handles = list({id(h): h for h in self._active.values()}.values())
         self._active.clear()
         for row in list(self.generator.rows):
             self.generator.remove(row.request.request_id)

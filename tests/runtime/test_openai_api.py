@@ -21,6 +21,9 @@ def parse(body, schema=CompletionRequest):
     ({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "logprobs": None, "echo": False,
       "best_of": 1, "suffix": None, "user": "u"}, "max_tokens", 16),  # what clients send by default
     ({"echo": True}, "echo", True),  # completions implement echo
+    ({"frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2}, "presence_penalty", -1),
+    ({"logprobs": 3}, "top", 3),
+    ({"n": 3}, "n", 3),
     ({"stream": True, "stream_options": {"include_usage": True}}, "stream", True),
 ])
 def test_accepted(extra, field, value):
@@ -30,8 +33,11 @@ def test_accepted(extra, field, value):
 @pytest.mark.parametrize("extra,param,message", [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences"),
     ({"max_tokens": 16.5}, "max_tokens", "valid integer"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty", "frequency_penalty=0.5 is not supported"),
-    ({"logprobs": True}, "logprobs", "logprobs=True is not supported"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty", "less than or equal to 2"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+    ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ({"logprobs": 2, "echo": True}, "echo", "echo with logprobs"),
+    ({"best_of": 3}, "best_of", "best_of=3 is not supported"),
     ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream=true"),
     ({"no_such_field": 1}, "no_such_field", "unknown parameter"),
@@ -46,6 +52,16 @@ def test_chat_neutral_tools_fields():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "none",
             "response_format": {"type": "text"}, "n": 1.0}
     assert parse(body, ChatCompletionRequest).n == 1
+
+
+def test_chat_logprobs_fields():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse(body, ChatCompletionRequest).top is None
+    assert parse({**body, "logprobs": True}, ChatCompletionRequest).top == 0
+    assert parse({**body, "logprobs": True, "top_logprobs": 5}, ChatCompletionRequest).top == 5
+    with pytest.raises(ApiError, match="top_logprobs needs logprobs=true") as e:
+        parse({**body, "top_logprobs": 5}, ChatCompletionRequest)
+    assert e.value.param == "top_logprobs"
 
 
 def test_deep_nesting_is_a_400_not_a_500():

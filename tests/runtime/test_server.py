@@ -10,40 +10,13 @@ import time
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import specrt
 from specrt.runtime.core import CoreConfig
 from specrt.runtime.chat import ChatTemplate, TemplateInputError
-from specrt.runtime.server import BackgroundServer, ServerConfig, create_app
+from serving import AUTH, KEY, MODEL, metrics
 
-KEY = "test-key"
-MODEL = "tiny-llama"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPTS = ["hello world", "the cat sat on", "abc abc abc", "a", "zebra crossing, quickly."]
-
-
-@pytest.fixture(scope="module")
-def ref(llama_engine):
-    """A separate batch-1 runtime: the reference outputs."""
-    return specrt.load(llama_engine)
-
-
-@pytest.fixture(scope="module")
-def start_server(llama_engine):
-    """start_server(runtime=None, **ServerConfig fields, batch=CoreConfig) -> a running BackgroundServer."""
-    servers = []
-
-    def start(runtime=None, **config):
-        config.setdefault("model_name", MODEL)
-        config.setdefault("api_key", KEY)
-        app = create_app(runtime or specrt.load(llama_engine), ServerConfig(**config))
-        servers.append(BackgroundServer(app).start())
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +27,6 @@ def server(start_server):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
-
-
-def metrics(url: str) -> dict:
-    """(name, labels...) -> value, from GET /metrics."""
-    out = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for s in family.samples:
-            out[(s.name, *sorted(s.labels.items()))] = s.value
-    return out
 
 
 def chat_prompt(messages) -> str:
@@ -281,14 +245,14 @@ GOOD = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
 @pytest.mark.parametrize("path,body,headers,status,code,param", [
     ("/v1/completions", b"{not json", AUTH, 400, "invalid_json", None),
     ("/v1/completions", b"[1, 2]", AUTH, 400, "invalid_json", None),
-    ("/v1/completions", {**GOOD, "frequency_penalty": 0.5}, AUTH, 400, "unsupported_parameter", "frequency_penalty"),
+    ("/v1/completions", {**GOOD, "logit_bias": {"5": 1}}, AUTH, 400, "unsupported_parameter", "logit_bias"),
     ("/v1/completions", {**GOOD, "bogus": 1}, AUTH, 400, "unknown_parameter", "bogus"),
     ("/v1/completions", {**GOOD, "max_tokens": 10_000}, AUTH, 400, "context_length_exceeded", "max_tokens"),
     ("/v1/completions", {"model": MODEL}, AUTH, 400, "missing_required_parameter", "prompt"),
     ("/v1/completions", {**GOOD, "temperature": 2.5}, AUTH, 400, "invalid_value", "temperature"),
     ("/v1/completions", {**GOOD, "top_p": 0}, AUTH, 400, "invalid_value", "top_p"),
     ("/v1/completions", {**GOOD, "max_tokens": 0}, AUTH, 400, "invalid_value", "max_tokens"),
-    ("/v1/completions", {**GOOD, "n": 2}, AUTH, 400, "invalid_value", "n"),
+    ("/v1/completions", {**GOOD, "n": 5}, AUTH, 400, "invalid_value", "n"),  # more than --max-batch 4
     ("/v1/completions", {**GOOD, "seed": -1}, AUTH, 400, "invalid_value", "seed"),
     ("/v1/completions", {**GOOD, "stream": "yes"}, AUTH, 400, "invalid_value", "stream"),
     ("/v1/completions", {**GOOD, "stop": ["a", "b", "c", "d", "e"]}, AUTH, 400, "invalid_value", "stop"),
