@@ -72,7 +72,7 @@ class SamplingFields(BaseModel):
     min_p: float = Field(0.0, ge=0, lt=1)  # extension: 0 = off
     presence_penalty: float = Field(0.0, ge=-2, le=2)  # minus this on the logit of every token already generated
     frequency_penalty: float = Field(0.0, ge=-2, le=2)  # minus this per occurrence in the generated text
-    repetition_penalty: float = Field(1.0, gt=0, le=100)  # extension (vLLM's): seen tokens' logits / r (or * r)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=100)  # extension (vLLM's): seen tokens' logits / r (or * r)
 
     @model_validator(mode="before")
     @classmethod

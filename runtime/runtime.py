@@ -264,8 +264,15 @@ class Runtime:
         return Generation(self._events(core, ids, params, holder), holder)
 
     def encode(self, prompt) -> list[int]:
+        """Token ids of a prompt (text, or ids checked against the vocabulary). Text goes through
+        ``encode_batch``, which releases the GIL (``encode`` holds it: a 10 MB prompt froze every other
+        thread for 12 s), and a too-long one is refused before its ids are turned into Python ints."""
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+            encoding = self.tokenizer.encode_batch([prompt], add_special_tokens=False)[0]
+            if len(encoding) >= self.manifest.max_len:
+                raise PromptTooLongError(f"prompt has {len(encoding)} tokens; the engine's cache holds max_len="
+                                         f"{self.manifest.max_len} tokens in all, so at most {self.manifest.max_len - 1}")
+            ids = encoding.ids
         elif isinstance(prompt, (list, tuple, np.ndarray)) and all(isinstance(int(t), int) for t in prompt):
             ids = [int(t) for t in prompt]
             vocab = self.target.spec.geometry.vocab_size

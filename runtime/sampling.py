@@ -16,7 +16,7 @@ Penalties (``penalize``, before all of the above; vLLM's and OpenAI's definition
 sequence so far, so a row's history is passed with its logits. Speculation stays exact because
 the target's row after a proposal prefix is penalised with that prefix in its history, and the
 draft's q the same way (the same function on both sides):
-    repetition_penalty  r > 0: a token seen in the prompt or the output gets logit / r if the
+    repetition_penalty  r in [0.01, 100]: a token seen in the prompt or the output gets logit / r if the
                         logit is positive, logit * r otherwise (HF's and vLLM's rule; 1 = off)
     frequency_penalty   logit -= f * (times the token occurs in the output)   (0 = off)
     presence_penalty    logit -= p * (1 if the token occurs in the output)    (0 = off)
@@ -44,7 +44,7 @@ class SamplingParams:
     stop: tuple = field(default_factory=tuple)  # strings that end generation (excluded from text)
     presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from the logit of every token in the output
     frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence in the output
-    repetition_penalty: float = 1.0  # > 0: divides positive / multiplies negative logits of seen tokens; 1 = off
+    repetition_penalty: float = 1.0  # in [0.01, 100]: divides positive / multiplies negative logits of seen tokens; 1 = off
     logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives; None = off
 
     def __post_init__(self):
@@ -66,8 +66,8 @@ class SamplingParams:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2 <= v <= 2:
                 raise SamplingError(f"{name} must be a number in [-2, 2], got {v!r}")
         r = self.repetition_penalty
-        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0 < r <= 100) or not np.isfinite(r):
-            raise SamplingError(f"repetition_penalty must be a number in (0, 100] (1 = off), got {r!r}")
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.01 <= r <= 100):
+            raise SamplingError(f"repetition_penalty must be a number in [0.01, 100] (1 = off), got {r!r}")
         lp = self.logprobs
         if lp is not None and (not isinstance(lp, (int, np.integer)) or isinstance(lp, bool) or not 0 <= lp <= 20):
             raise SamplingError(f"logprobs must be an integer in 0..20 (alternatives per token) or None, got {lp!r}")
@@ -165,8 +165,7 @@ def probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         out = np.zeros_like(x)
         out[np.arange(len(x)), x.argmax(-1)] = 1.0
         return out.reshape(shape)
-    x = x / params.temperature
-    x = x - x.max(-1, keepdims=True)
+    x = (x - x.max(-1, keepdims=True)) / params.temperature  # max first: a tiny T cannot overflow to inf - inf
     p = np.exp(x)
     p /= p.sum(-1, keepdims=True)  # [N, V]
     if 0 < params.top_k < p.shape[-1]:

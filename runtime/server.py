@@ -190,11 +190,15 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         except SamplingError as e:
             raise ApiError(400, str(e), code="invalid_value") from None
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
     async def health():
         body = {"status": "ok" if worker.running else "unavailable", "model": model, "batch_size": worker.active,
                 "queue_depth": worker.queue_depth, "max_batch": config.batch.max_batch}
         return JSONResponse(body, status_code=200 if worker.running else 503)
+
+    @app.head("/health")
+    async def health_head():
+        return Response(status_code=200 if worker.running else 503)
 
     @app.get("/metrics")
     async def prometheus():
@@ -269,7 +273,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         if bad:
             raise ApiError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens",
                            code="invalid_value")
-        return {"prompt": await asyncio.to_thread(runtime.tokenizer.decode, req.tokens)}
+        text = await asyncio.to_thread(lambda: runtime.tokenizer.decode_batch([req.tokens])[0])  # releases the GIL
+        return {"prompt": text}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -285,7 +290,35 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         usage_chunk = bool(req.stream and req.stream_options and req.stream_options.include_usage)
         return Job(ids, params, chat, req.stream, t0, usage_chunk, echo)
 
+    app.openapi = lambda: openapi_document(app, model)
     return app
+
+
+REQUEST_BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
+
+
+def openapi_document(app: FastAPI, model: str) -> dict:
+    """FastAPI's OpenAPI document with the request bodies described (the handlers parse raw bytes
+    themselves, so FastAPI cannot see them): each schema's JSON Schema, ``model`` naming this server's."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for path, schema in REQUEST_BODIES.items():
+            body = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(body.pop("$defs", {}))
+            if "model" in body["properties"]:
+                body["properties"]["model"] = {"type": "string", "enum": [model]}
+            schemas[schema.__name__] = body
+            doc["paths"][path]["post"]["requestBody"] = {
+                "required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/"
+                                                                                      f"{schema.__name__}"}}}}
+        for param in doc["paths"]["/v1/models/{model_id}"]["get"]["parameters"]:
+            param["schema"] = {"type": "string", "enum": [model]}
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 class BackgroundServer:

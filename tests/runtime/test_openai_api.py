@@ -34,7 +34,7 @@ def test_accepted(extra, field, value):
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 stop sequences"),
     ({"max_tokens": 16.5}, "max_tokens", "valid integer"),
     ({"frequency_penalty": 2.5}, "frequency_penalty", "less than or equal to 2"),
-    ({"repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "greater than or equal to 0.01"),
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"logprobs": 2, "echo": True}, "echo", "echo with logprobs"),
     ({"best_of": 3}, "best_of", "best_of=3 is not supported"),

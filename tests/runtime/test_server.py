@@ -14,7 +14,7 @@ import pytest
 import specrt
 from specrt.runtime.core import CoreConfig
 from specrt.runtime.chat import ChatTemplate, TemplateInputError
-from serving import AUTH, KEY, MODEL, metrics
+from serving import AUTH, KEY, MODEL, SlowEngine, metrics, slow_runtime
 
 PROMPTS = ["hello world", "the cat sat on", "abc abc abc", "a", "zebra crossing, quickly."]
 
@@ -135,24 +135,6 @@ def test_32_concurrent_streams_each_get_their_own_tokens(server, ref):
 
 
 # ---- disconnects and overload -------------------------------------------------------------------------
-class SlowEngine:
-    """Wraps an engine so every call takes >= 20 ms: a long generation is still running when the client leaves."""
-
-    def __init__(self, engine, delay=0.02):
-        self.engine, self.delay = engine, delay
-        self.input_names, self.output_names = engine.input_names, engine.output_names
-
-    def run(self, feeds):
-        time.sleep(self.delay)
-        return self.engine.run(feeds)
-
-
-def slow_runtime(engine_dir):
-    rt = specrt.load(engine_dir)
-    rt.target.engine = SlowEngine(rt.target.engine)
-    return rt
-
-
 def wait_for(predicate, timeout=20.0):
     deadline = time.monotonic() + timeout
     while not predicate():
