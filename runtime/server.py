@@ -43,6 +43,7 @@ class ServerConfig:
     max_prompt_tokens: int | None = None  # a longer prompt is a 400 (None: the engine's max_len - 1)
     allowed_origins: tuple = ()  # CORS: browser origins allowed to call the API ("*" = any); () = none
     allowed_hosts: tuple = ("*",)  # Host headers answered (others get 400): guards against DNS rebinding
+    body_timeout: float = 60.0  # seconds to receive a request's whole body once its headers arrived (else 408)
 
 
 class MetricsMiddleware:
@@ -141,10 +142,15 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         if declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}", code="body_too_large")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        try:
+            async with asyncio.timeout(config.body_timeout):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:
+                        raise ApiError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {config.body_timeout:g} s",
+                           code="request_timeout") from None
         return bytes(body)
 
     async def parse(request: Request, schema):
@@ -324,15 +330,18 @@ def openapi_document(app: FastAPI, model: str) -> dict:
 class BackgroundServer:
     """Run an app under uvicorn on a thread, on 127.0.0.1 and a free port (tests, benchmarks)."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0):
         import uvicorn
+
+        from .serve_http import timed_h11
 
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                                    http=timed_h11(header_timeout)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property

@@ -14,14 +14,15 @@ def ref(llama_engine):
 
 @pytest.fixture(scope="module")
 def start_server(llama_engine):
-    """start_server(runtime=None, **ServerConfig fields, batch=CoreConfig) -> a running BackgroundServer."""
+    """start_server(runtime=None, header_timeout=10, **ServerConfig fields, batch=CoreConfig) -> a running
+    BackgroundServer."""
     servers = []
 
-    def start(runtime=None, **config):
+    def start(runtime=None, header_timeout=10.0, **config):
         config.setdefault("model_name", MODEL)
         config.setdefault("api_key", KEY)
         app = create_app(runtime or specrt.load(llama_engine), ServerConfig(**config))
-        servers.append(BackgroundServer(app).start())
+        servers.append(BackgroundServer(app, header_timeout=header_timeout).start())
         return servers[-1]
 
     yield start

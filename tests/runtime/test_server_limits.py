@@ -1,5 +1,6 @@
 """`specrt serve` under hostile input: a huge request costs its own latency only, and schemathesis
 (generated requests from the server's own OpenAPI document) finds no 5xx."""
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +48,29 @@ def test_a_10mb_prompt_does_not_stall_concurrent_streams(start_server, llama_eng
     assert answer[0].status_code == 400  # the prompt is longer than the context
     assert answer[0].json()["error"]["code"] == "context_length_exceeded"
     assert max(together) < alone + 0.5, (max(together), alone)
+
+
+def test_slow_clients_are_closed_and_a_slow_body_gets_408(start_server):
+    srv = start_server(batch=CoreConfig(max_batch=1, method="none"), header_timeout=1.0, body_timeout=1.0)
+    addr = (srv.host, srv.port)
+    idle, half, slow_body, kept = (socket.create_connection(addr) for _ in range(4))
+    half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"mo")
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.settimeout(5)
+    assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+    kept.sendall(b"GET /hea")  # a kept-alive connection that stalls in its next request's headers
+    t0 = time.monotonic()
+    for s in (idle, half, kept):
+        s.settimeout(5)
+        assert s.recv(100) == b""  # closed by the server
+    assert time.monotonic() - t0 < 4
+    slow_body.settimeout(5)
+    assert slow_body.recv(100).startswith(b"HTTP/1.1 408")
+    assert httpx.get(srv.url + "/health").status_code == 200
+    for s in (idle, half, slow_body, kept):
+        s.close()
 
 
 def test_schemathesis_finds_no_server_error(start_server):

@@ -36,7 +36,11 @@ from .options import load_runtime
 @click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(1),
               help="Concurrent connections; more get HTTP 503 (uvicorn limit_concurrency).")
 @click.option("--keep-alive-timeout", default=5, show_default=True, type=click.IntRange(1),
-              help="Seconds an idle keep-alive connection (or a client sending its headers) is held.")
+              help="Seconds an idle keep-alive connection is held between requests.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
+              help="Seconds a connection has to send a complete request line and headers (slow clients are closed).")
+@click.option("--body-timeout", default=60.0, show_default=True, type=click.FloatRange(0.1),
+              help="Seconds to receive a request's body once its headers arrived; slower gets HTTP 408.")
 @click.option("--max-header-bytes", default=64 << 10, show_default=True, type=click.IntRange(1024),
               help="Request line + headers larger than this close the connection.")
 @click.option("--drain-timeout", default=30, show_default=True, type=click.IntRange(1),
@@ -49,7 +53,8 @@ from .options import load_runtime
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
-          max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, max_header_bytes, drain_timeout,
+          max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout, body_timeout,
+          max_header_bytes, drain_timeout,
           allowed_origins, allowed_hosts, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     try:
@@ -69,14 +74,16 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
         app = create_app(rt, ServerConfig(model_name=name, max_queue=max_queue, api_key=api_key,
                                           max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens,
                                           allowed_origins=tuple(allowed_origins),
-                                          allowed_hosts=tuple(allowed_hosts) or ("*",),
+                                          allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout,
                                           batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)))
     except (ValueError, SamplingError) as e:
         raise click.ClickException(str(e))
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
     click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)
+    from ...runtime.serve_http import timed_h11
+
     uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
                 timeout_keep_alive=keep_alive_timeout, h11_max_incomplete_event_size=max_header_bytes,
-                timeout_graceful_shutdown=drain_timeout)
+                timeout_graceful_shutdown=drain_timeout, http=timed_h11(header_timeout))
 
