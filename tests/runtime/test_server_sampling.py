@@ -119,3 +119,19 @@ def test_n_beyond_max_batch_and_bad_logprobs_are_400(server):
     for extra, param in cases:
         r = httpx.post(server.url + "/v1/completions", headers=AUTH, json={"model": MODEL, "prompt": "hi", **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_20_character_stop_string_inside_the_text(client, ref, stream):
+    full = ref.generate("hello world", max_new_tokens=50, method="none").text
+    assert len(full) >= 45, full
+    stop = full[20:40]
+    want = full[: full.index(stop)]
+    kw = dict(model=MODEL, prompt="hello world", max_tokens=50, temperature=0, stop=stop)
+    if stream:
+        chunks = list(client.completions.create(stream=True, **kw))
+        text, finish = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        got = client.completions.create(**kw)
+        text, finish = got.choices[0].text, got.choices[0].finish_reason
+    assert (text, finish) == (want, "stop")
