@@ -44,6 +44,31 @@ class ServerConfig:
     allowed_origins: tuple = ()  # CORS: browser origins allowed to call the API ("*" = any); () = none
     allowed_hosts: tuple = ("*",)  # Host headers answered (others get 400): guards against DNS rebinding
     body_timeout: float = 60.0  # seconds to receive a request's whole body once its headers arrived (else 408)
+    replica: str | None = None  # this process's replica id under Ray Serve (reported by /health)
+
+
+@dataclass
+class AppSpec:
+    """Everything `specrt serve` builds an app from; picklable: Ray ships it to every replica."""
+
+    engine_dir: str  # the engine dir (on every node, at this path)
+    config: ServerConfig  # server options; config.batch.method None = the engine dir's default
+    backend: str = "ort"  # ort | torch
+    threads: int | None = None  # ONNX Runtime intra-op threads (None: ORT's choice)
+    device: str | None = None  # cpu | cuda (None: cpu)
+
+
+def build_app(spec: AppSpec) -> FastAPI:
+    """Load the engine dir and build its app: the one builder of `specrt serve` under uvicorn and of
+    each Ray Serve replica. Raises EngineError, SamplingError or ValueError with the user's message."""
+    from dataclasses import replace
+
+    from .runtime import Runtime
+
+    options = {k: v for k, v in (("device", spec.device), ("threads", spec.threads)) if v}
+    rt = Runtime.load(spec.engine_dir, backend=spec.backend, **options)
+    batch = replace(spec.config.batch, method=rt.resolve_method(spec.config.batch.method))
+    return create_app(rt, replace(spec.config, batch=batch))
 
 
 class MetricsMiddleware:
@@ -200,6 +225,8 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     async def health():
         body = {"status": "ok" if worker.running else "unavailable", "model": model, "batch_size": worker.active,
                 "queue_depth": worker.queue_depth, "max_batch": config.batch.max_batch}
+        if config.replica is not None:
+            body["replica"] = config.replica
         return JSONResponse(body, status_code=200 if worker.running else 503)
 
     @app.head("/health")

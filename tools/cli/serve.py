@@ -5,8 +5,6 @@ from pathlib import Path
 
 import click
 
-from .options import load_runtime
-
 
 @click.command()
 @click.argument("engine_dir", type=click.Path())
@@ -50,34 +48,44 @@ from .options import load_runtime
                    "Default: none.")
 @click.option("--allowed-host", "allowed_hosts", multiple=True,
               help="A Host header to answer (others get 400), e.g. localhost; repeatable. Default: any.")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Serve as Ray Serve replicas (pip install 'specrt[ray]'); see docs/scale-out.md.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="With --ray: replicas.")
+@click.option("--ray-address", default=None,
+              help="With --ray: the cluster to deploy on (e.g. auto, ray://head:10001). Default: start a local one.")
+@click.option("--cpus-per-replica", default=1.0, show_default=True, type=click.FloatRange(0.1),
+              help="With --ray: CPUs Ray reserves per replica (its ONNX Runtime threads unless --threads).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
           max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout, body_timeout,
           max_header_bytes, drain_timeout,
-          allowed_origins, allowed_hosts, log_level):
+          allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     try:
         import uvicorn
 
+        from ...engines import EngineError
         from ...runtime.core import CoreConfig
         from ...runtime.sampling import SamplingError
-        from ...runtime.server import ServerConfig, create_app
+        from ...runtime.server import AppSpec, ServerConfig, build_app
     except ImportError as e:
         raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
                                    f"pip install 'specrt[serve]' ({e})")
-    options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
-    rt = load_runtime(engine_dir, backend=backend, **options)
     name = model_name or Path(engine_dir).resolve().name
+    spec = AppSpec(str(engine_dir), ServerConfig(
+        model_name=name, max_queue=max_queue, api_key=api_key, max_body_bytes=max_body_bytes,
+        max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
+        allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout,
+        batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)), backend=backend, threads=threads,
+        device=device)
+    if use_ray:
+        return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica)
     try:
-        method = rt.resolve_method(method)
-        app = create_app(rt, ServerConfig(model_name=name, max_queue=max_queue, api_key=api_key,
-                                          max_body_bytes=max_body_bytes, max_prompt_tokens=max_prompt_tokens,
-                                          allowed_origins=tuple(allowed_origins),
-                                          allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout,
-                                          batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)))
-    except (ValueError, SamplingError) as e:
+        app = build_app(spec)
+    except (EngineError, ValueError, SamplingError) as e:
         raise click.ClickException(str(e))
+    method = app.state.generator.config.method
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
     click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)
@@ -87,3 +95,18 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
                 timeout_keep_alive=keep_alive_timeout, h11_max_incomplete_event_size=max_header_bytes,
                 timeout_graceful_shutdown=drain_timeout, http=timed_h11(header_timeout))
 
+
+
+def serve_on_ray(spec, replicas: int, address, host: str, port: int, cpus: float) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise click.ClickException("--ray needs Ray Serve: pip install 'specrt[ray]'")
+    from ...runtime import ray_serve
+    from ...engines import EngineError
+
+    try:
+        ray_serve.check_spec(spec)
+    except (EngineError, ValueError) as e:
+        raise click.ClickException(str(e))
+    ray_serve.run(spec, replicas, address, host, port, cpus, log=lambda m: click.echo(m, err=True))

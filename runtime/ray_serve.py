@@ -1,0 +1,140 @@
+"""`specrt serve --ray`: specrt's OpenAI server as Ray Serve replicas (``pip install 'specrt[ray]'``).
+
+Every replica builds its own app from the same ``AppSpec`` with ``server.build_app`` (the engine
+dir must sit at the same path on every node), so a replica is one `specrt serve` process: its own
+engine worker, continuous batching, limits and errors. Ray Serve's proxy spreads requests over the
+replicas. What this module adds:
+
+    limits     Serve's ``max_ongoing_requests`` per replica = max_batch + max_queue + 1, so specrt's
+               own 429 answers a full replica (Serve's default of 5 starved an 8-slot batch)
+    threads    ONNX Runtime intra-op threads = the CPUs Ray gives the replica (``num_cpus``)
+    health     ``check_health`` raises once the replica's engine worker stopped: Serve replaces it
+    metrics    a thread mirrors the replica's specrt_* and process_* samples into Ray's metrics
+               (gauges tagged with deployment and replica; Ray exports them as ``ray_specrt_...``),
+               so one Prometheus scrape of the cluster's metrics agents sees every replica
+
+``deployment(spec, ...)`` is the Serve application (``serve.run`` it on an existing cluster, or
+use ``docs/scale-out.md``'s config); ``run(...)`` is what `specrt serve --ray` does.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import replace
+
+from .server import AppSpec, build_app
+
+MIRRORED = ("specrt_", "process_")  # metric name prefixes mirrored into Ray's metrics
+
+
+def check_spec(spec: AppSpec) -> str:
+    """On the driver, before anything is deployed: the engine dir is valid and has the method
+    (the replicas load the same path). Returns the method; raises EngineError / SamplingError."""
+    from ..engines.manifest import load_manifest
+    from .sampling import SamplingError
+
+    manifest = load_manifest(spec.engine_dir)
+    method = spec.config.batch.method or manifest.defaults.get("method") or ("draft" if manifest.draft else "ngram")
+    present = {"draft": manifest.draft, "medusa": manifest.medusa, "eagle": manifest.eagle}
+    if method in present and present[method] is None:
+        raise SamplingError(f"method {method!r} needs an engine dir exported with --{method}")
+    return method
+
+
+def replica_options(spec: AppSpec, replicas: int, cpus: float) -> dict:
+    """The ``serve.deployment`` options for ``replicas`` replicas of ``spec`` with ``cpus`` CPUs each."""
+    cfg = spec.config
+    return {"name": "specrt", "num_replicas": replicas, "ray_actor_options": {"num_cpus": cpus},
+            "max_ongoing_requests": cfg.batch.max_batch + cfg.max_queue + 1,
+            "health_check_period_s": 2, "health_check_timeout_s": 30}
+
+
+def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_interval: float = 2.0):
+    """The bound Serve application: ``replicas`` specrt replicas of ``cpus`` CPUs each."""
+    from ray import serve
+
+    @serve.deployment(**replica_options(spec, replicas, cpus))
+    @serve.ingress()
+    class SpecrtReplica:
+        def __init__(self, spec: AppSpec, cpus: float, metrics_interval: float):
+            context = serve.get_replica_context()
+            self.replica = context.replica_id.unique_id
+            threads = spec.threads or max(1, int(cpus))
+            # (``self.app`` is Serve's read-only property: the app lives in ``self.specrt_app``)
+            self.specrt_app = build_app(replace(spec, threads=threads, config=replace(spec.config, replica=self.replica)))
+            self.mirror = MetricsMirror(self.specrt_app.state.metrics.registry, metrics_interval)
+            self.mirror.start()
+
+        def __serve_build_asgi_app__(self):
+            return self.specrt_app
+
+        def check_health(self) -> None:
+            if not self.specrt_app.state.worker.running:
+                raise RuntimeError(f"replica {self.replica}: specrt's engine worker is not running")
+
+        def __del__(self):
+            if getattr(self, "mirror", None) is not None:
+                self.mirror.stop()
+
+    return SpecrtReplica.bind(spec, cpus, metrics_interval)
+
+
+class MetricsMirror:
+    """Copies a prometheus_client registry's samples into Ray gauges every ``interval`` s (a thread)."""
+
+    def __init__(self, registry, interval: float):
+        self.registry, self.interval = registry, interval
+        self.gauges: dict = {}  # (name, tag keys) -> ray.serve.metrics.Gauge
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="specrt-ray-metrics", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.copy()
+
+    def copy(self) -> None:
+        from ray.serve.metrics import Gauge
+
+        for family in self.registry.collect():
+            for s in family.samples:
+                if not s.name.startswith(MIRRORED) or s.name.endswith("_created"):
+                    continue
+                keys = tuple(sorted(s.labels))
+                gauge = self.gauges.get((s.name, keys))
+                if gauge is None:
+                    gauge = self.gauges[(s.name, keys)] = Gauge(s.name, family.documentation, tag_keys=keys)
+                gauge.set(s.value, tags=dict(s.labels) or None)
+
+
+def run(spec: AppSpec, replicas: int, address: str | None, host: str, port: int, cpus: float,
+        log=print) -> None:
+    """Deploy on the Ray cluster at ``address`` (None: start a local one) and serve until SIGINT or
+    SIGTERM; then remove the application, and stop the cluster if this call started it."""
+    import ray
+    from ray import serve
+
+    spec = replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=check_spec(spec))))
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # (a local cluster; set it to "token" for real ones)
+    started = address is None
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(spec, replicas, cpus), name="specrt", route_prefix="/")
+        log(f"serving {spec.config.model_name!r} on {replicas} Ray Serve replica(s) at http://{host}:{port}")
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(1.0):
+            pass
+    finally:
+        serve.delete("specrt")
+        serve.shutdown()
+        if started:
+            ray.shutdown()
