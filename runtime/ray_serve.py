@@ -80,6 +80,35 @@ def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_inte
     return SpecrtReplica.bind(spec, cpus, metrics_interval)
 
 
+def app_builder(args: dict):
+    """Ray's ``serve run`` entry point (values arrive as strings):
+
+        serve run specrt.runtime.ray_serve:app_builder engine_dir=/models/engine replicas=2 cpus=4 \
+            max_batch=8 max_queue=128 method=draft model_name=code api_key=KEY threads=4
+
+    Only ``engine_dir`` is required; the rest default as in `specrt serve`.
+    """
+    from pathlib import Path
+
+    from .core import CoreConfig
+    from .server import ServerConfig
+
+    known = {"engine_dir", "replicas", "cpus", "max_batch", "max_queue", "method", "gamma", "model_name", "api_key",
+             "threads", "backend"}
+    unknown = sorted(set(args) - known)
+    if unknown or "engine_dir" not in args:
+        raise ValueError(f"specrt app_builder: engine_dir=DIR is required; unknown arguments {unknown}; "
+                         f"known: {', '.join(sorted(known))}")
+    get = lambda k, cast, default: cast(args[k]) if k in args else default  # noqa: E731
+    config = ServerConfig(model_name=args.get("model_name") or Path(args["engine_dir"]).resolve().name,
+                          max_queue=get("max_queue", int, 128), api_key=args.get("api_key"),
+                          batch=CoreConfig(max_batch=get("max_batch", int, 8), method=args.get("method"),
+                                           gamma=get("gamma", int, None)))
+    spec = AppSpec(args["engine_dir"], config, backend=args.get("backend", "ort"), threads=get("threads", int, None))
+    spec = replace(spec, config=replace(config, batch=replace(config.batch, method=check_spec(spec))))
+    return deployment(spec, replicas=get("replicas", int, 1), cpus=get("cpus", float, 1.0))
+
+
 class MetricsMirror:
     """Copies a prometheus_client registry's samples into Ray gauges every ``interval`` s (a thread)."""
 

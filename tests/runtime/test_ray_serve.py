@@ -131,3 +131,14 @@ def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(cluster):
     after = wait_until(lambda: (lambda s: s if len(s) == 2 and s != before else None)(replicas_seen(url) - {None}),
                        timeout=90, every=1.0)
     assert sorted(before)[0] not in after  # the killed replica was replaced by a new one
+
+
+def test_serve_run_app_builder_validates_its_arguments(engine):
+    from specrt.runtime.ray_serve import app_builder
+
+    with pytest.raises(ValueError, match="engine_dir=DIR is required"):
+        app_builder({"replicas": "2"})
+    with pytest.raises(ValueError, match="unknown arguments \\['bogus'\\]"):
+        app_builder({"engine_dir": str(engine), "bogus": "1"})
+    app = app_builder({"engine_dir": str(engine), "replicas": "2", "max_batch": "4", "method": "ngram"})
+    assert app is not None
