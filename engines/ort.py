@@ -8,6 +8,13 @@ import numpy as np
 from .base import EngineError
 
 
+# Idle ONNX Runtime pool threads spin at most this long, then sleep. ORT's own default spins ~16 ms
+# here: idle workers then compete with the draft's thread and with every other process on the
+# machine. docs/bench/threads.md: as fast as ORT's default idle, 1.8x for draft-model decoding, and
+# 2-3x ORT's default on a busy machine.
+DEFAULT_SPIN_US = 20
+
+
 class OrtEngine:
     """One ONNX graph in an ``onnxruntime.InferenceSession``.
 
@@ -16,8 +23,10 @@ class OrtEngine:
     need onnxruntime-gpu (and TensorRT for the latter). provider_options: {provider: {key: value}}.
     threads: intra-op threads (default: ORT's choice, one per physical core).
     device: "cpu" (the default) or "cuda" (= providers ["cuda"]), as for the torch backend.
-    spinning: whether idle intra-op pool threads spin waiting for work (None: ORT's default, on;
-    "run": they spin during a run and stop when it returns, so nothing spins between runs).
+    spinning: how idle intra-op pool threads wait for work: an integer N (default
+    ``DEFAULT_SPIN_US``): spin at most N microseconds, then sleep (``session.intra_op.spin_duration_us``);
+    True or None: ORT's own default (spin ~1M pause instructions, ~16 ms on this CPU); False: never
+    spin; "run": spin during a run, stop when it returns.
     profile_prefix: turn on ORT's profiler, writing its trace to ``<prefix>_<date>.json``.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
@@ -28,7 +37,8 @@ class OrtEngine:
 
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
-                 device: str | None = None, spinning: bool | str | None = None, profile_prefix: str | None = None):
+                 device: str | None = None, spinning: bool | str | int | None = DEFAULT_SPIN_US,
+                 profile_prefix: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -53,6 +63,10 @@ class OrtEngine:
             opts.profile_file_prefix = profile_prefix
         if spinning == "run":  # spin while a run is going, stop when it returns (nothing spins between runs)
             opts.add_session_config_entry("session.force_spinning_stop", "1")
+        elif isinstance(spinning, int) and not isinstance(spinning, bool):  # spin at most N µs, then sleep
+            if spinning < 0:
+                raise EngineError(f"spinning: a spin duration in microseconds must be >= 0, got {spinning}")
+            opts.add_session_config_entry("session.intra_op.spin_duration_us", str(spinning))
         elif spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         provider_options = provider_options or {}

@@ -31,13 +31,13 @@ from .stats import SequenceCounts, sequence_stats
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
 from .verify import ACCEPTANCE, verify
 
-METHODS = ("none", "draft", "ngram", "medusa", "eagle")
+METHODS = ("none", "draft", "ngram", "suffix", "medusa", "eagle")
 
 
 @dataclass
 class CoreConfig:
     max_batch: int = 8  # slots: sequences decoded together in one target pass
-    method: str = "draft"  # the proposer of every sequence: none | draft | ngram | medusa | eagle
+    method: str = "draft"  # the proposer of every sequence: none | draft | ngram | suffix | medusa | eagle
     gamma: int | None = None  # fixed γ every step (0 = speculation off); None = the batch-aware policy
     probe_every: int = 16  # policy: steps at γ = 0 before one probe step at γ = 1
     calibrate: bool = True  # time target (and draft) passes for B = 1, 2, 4, .., max_batch at start

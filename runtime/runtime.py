@@ -190,6 +190,10 @@ class Runtime:
             from .proposers.ngram import NGramProposer
 
             return NGramProposer(max_batch, max_gamma=self.gamma_max)
+        if method == "suffix":
+            from .proposers.suffix import SuffixProposer
+
+            return SuffixProposer(max_batch, self.gamma_max)
         if method == "medusa":
             from .proposers.medusa import MedusaProposer
 

@@ -2,7 +2,8 @@
 
     python -m specrt.tools.bench.threads [--reps 3] [--max-new-tokens 96] --out docs/bench/threads.json
 
-For each setting of the ONNX Runtime sessions (intra-op threads 1 / all cores, spinning on / off;
+For each setting of the ONNX Runtime sessions (intra-op threads 1 / all cores, spinning on / off /
+bounded to N microseconds (``session.intra_op.spin_duration_us``);
 0 = ORT's own default for every graph; specrt's default gives the draft one thread) it measures plain and draft-model
 greedy decoding of the demo pair (8 code prompts) on an idle machine and on a busy one (a CPU
 hog per core but one, started and stopped by this script), every setting in its own worker
@@ -43,9 +44,9 @@ for line in sys.stdin:
 
 def settings() -> dict:
     cores = os.cpu_count() or 1
-    return {"ORT default (all cores, spinning)": (0, None), f"{cores} threads, no spinning": (cores, False),
-            f"{cores} threads, spinning stops after each run": (cores, "run"),
-            "1 thread": (1, None), "1 thread, no spinning": (1, False)}
+    return {"ORT default (all cores, spinning)": (0, True), f"{cores} threads, no spinning": (cores, False),
+            "all cores, spin <= 10 us": (0, 10), "all cores, spin <= 20 us": (0, 20),
+            "all cores, spin <= 50 us": (0, 50), "1 thread": (1, None)}
 
 
 def main(argv=None) -> None:

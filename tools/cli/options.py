@@ -15,7 +15,7 @@ def sampling_options(f):
         click.option("--top-k", default=0, show_default=True, type=int, help="0 = off."),
         click.option("--min-p", default=0.0, show_default=True, type=float, help="0 = off."),
         click.option("--seed", default=None, type=int),
-        click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "medusa", "eagle"]),
+        click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "suffix", "medusa", "eagle"]),
                      help="Proposer (default: the engine dir's default)."),
         click.option("--gamma", default=None, type=int, help="Fixed draft length; default: the engine dir's defaults.gamma (adaptive if null)."),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),

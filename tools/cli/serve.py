@@ -14,7 +14,7 @@ import click
               help="Sequences decoded together in one target pass.")
 @click.option("--max-queue", default=128, show_default=True, type=click.IntRange(0),
               help="Requests waiting for a slot; more get HTTP 429.")
-@click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "medusa", "eagle"]),
+@click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "suffix", "medusa", "eagle"]),
               help="Proposer (none = no speculation). Default: the engine dir's default.")
 @click.option("--gamma", default=None, type=int,
               help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")

@@ -1,0 +1,154 @@
+"""Suffix decoding (SuffixDecoding, arXiv 2411.04975; vLLM's method "suffix"): model-free proposals
+from the continuations of the current context, counted over this request AND earlier requests.
+
+Per slot, a ``SuffixIndex`` of the request's own sequence (prompt + output); one global
+``SuffixIndex`` of recent finished sequences (bounded in tokens, oldest evicted first). A proposal
+walks the most frequent continuation of the longest context either index has seen, one token at
+a time, and stops when the walk's probability (the product of each step's count share) drops
+below ``min_prob`` or the proposal reaches ``factor`` times the length of the first match: a long
+match (a repeated file, an earlier answer being re-emitted) proposes long chains, a short one
+little. Deterministic (q = point masses), so the chain is verified exactly.
+
+Worked example, depth 3, one earlier sequence [7, 1, 2, 3, 4] in the global index, this request's
+sequence [9, 1, 2]: the longest context with counts is [1, 2] (n = 2) -> next 3 (count 1 of 1);
+then [1, 2, 3] -> 4; then [2, 3, 4] -> nothing: proposal [3, 4] (factor 1: at most 2 tokens).
+"""
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import EMPTY, NoProposer, Proposal
+
+
+class SuffixIndex:
+    """For every context of 1..``depth`` tokens seen in the added sequences: how often each next token followed it."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.next: dict[tuple, dict[int, int]] = {}  # context -> {next token: count}
+
+    def add(self, seq: Sequence[int], start: int, stop: int, sign: int = 1) -> None:
+        """Count (sign -1: uncount) the next tokens seq[start:stop] after their contexts."""
+        for i in range(max(1, start), stop):
+            tok = seq[i]
+            for n in range(1, min(self.depth, i) + 1):
+                ctx = tuple(seq[i - n : i])
+                counts = self.next.setdefault(ctx, {})
+                c = counts.get(tok, 0) + sign
+                if c > 0:
+                    counts[tok] = c
+                else:
+                    counts.pop(tok, None)
+                    if not counts:
+                        del self.next[ctx]
+
+    def longest(self, context: Sequence[int]) -> tuple[int, dict | None]:
+        """(n, counts) for the longest suffix of ``context`` with counts; (0, None) if none."""
+        for n in range(min(self.depth, len(context)), 0, -1):
+            counts = self.next.get(tuple(context[-n:]))
+            if counts:
+                return n, counts
+        return 0, None
+
+
+class SuffixCache:
+    """The global index: finished sequences, at most ``max_tokens`` tokens in all (oldest evicted)."""
+
+    def __init__(self, depth: int, max_tokens: int):
+        self.index = SuffixIndex(depth)
+        self.max_tokens = max_tokens
+        self.sequences: collections.deque = collections.deque()
+        self.tokens = 0
+
+    def add(self, seq: Sequence[int]) -> None:
+        seq = list(seq[-self.max_tokens:]) if self.max_tokens else []
+        if not seq:
+            return
+        while self.sequences and self.tokens + len(seq) > self.max_tokens:
+            old = self.sequences.popleft()
+            self.index.add(old, 0, len(old), sign=-1)
+            self.tokens -= len(old)
+        self.index.add(seq, 0, len(seq))
+        self.sequences.append(seq)
+        self.tokens += len(seq)
+
+
+def propose(local: SuffixIndex, shared: SuffixIndex | None, context: Sequence[int], k: int, factor: float,
+            min_prob: float) -> list[int]:
+    """Up to ``k`` tokens: the most frequent continuation of the longest matched context (ties: the
+    request's own index, then the lowest token id)."""
+    ctx, out, prob, limit = list(context[-local.depth:]), [], 1.0, k
+    for _ in range(k):
+        n, counts = local.longest(ctx)
+        if shared is not None:
+            n_shared, shared_counts = shared.longest(ctx)
+            if n_shared > n:
+                n, counts = n_shared, shared_counts
+        if not n:
+            break
+        if not out:
+            limit = min(k, max(1, int(factor * n)))
+        tok, c = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        prob *= c / sum(counts.values())
+        if prob < min_prob:
+            break
+        out.append(tok)
+        ctx = (ctx + [tok])[-local.depth:]
+        if len(out) >= limit:
+            break
+    return out
+
+
+class SuffixProposer(NoProposer):
+    """Suffix decoding for every row. One proposer per decode core, so the global cache spans the
+    requests that core serves (one served model; `specrt serve` has one API key, so no cross-key
+    sharing arises). Per slot: the row's own index, extended with what each round emitted."""
+
+    name = "suffix"
+
+    def __init__(self, max_batch: int, max_gamma: int, depth: int = 24, factor: float = 1.0,
+                 min_prob: float = 0.1, cache_tokens: int = 1 << 16):
+        self.depth, self.factor, self.min_prob = depth, factor, min_prob
+        self.max_nodes = max_gamma
+        self.cache = SuffixCache(depth, cache_tokens)
+        self.local = [SuffixIndex(depth) for _ in range(max_batch)]  # per slot
+        self.seqs: list = [None] * max_batch  # per slot: the row's sequence (a live reference)
+        self.indexed = [0] * max_batch  # per slot: tokens of seqs[slot] counted in local[slot]
+        self.step_seconds = None  # EWMA seconds per proposed token
+
+    def start(self, row, hidden) -> None:
+        self.local[row.slot], self.seqs[row.slot], self.indexed[row.slot] = SuffixIndex(self.depth), row.seq, 0
+
+    def propose(self, rows, ks) -> list[Proposal]:
+        t0, out, proposed = time.perf_counter(), [], 0
+        for row, k in zip(rows, ks):
+            if not k:
+                out.append(EMPTY)
+                continue
+            local, seq = self.local[row.slot], row.seq
+            local.add(seq, self.indexed[row.slot], len(seq))
+            self.indexed[row.slot] = len(seq)
+            tokens = propose(local, self.cache.index, seq, k, self.factor, self.min_prob)
+            proposed += max(1, len(tokens))
+            out.append(Proposal(np.array(tokens, np.int64)))
+        if proposed:
+            dt = (time.perf_counter() - t0) / proposed
+            self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
+        return out
+
+    def move(self, src: int, dst: int) -> None:
+        """The row in ``dst`` left (the core moves its last row into the hole): it joins the global cache."""
+        if self.seqs[dst] is not None:
+            self.cache.add(self.seqs[dst])
+        self.local[dst], self.seqs[dst], self.indexed[dst] = self.local[src], self.seqs[src], self.indexed[src]
+        self.seqs[src], self.local[src], self.indexed[src] = None, SuffixIndex(self.depth), 0
+
+    def release(self, slot: int) -> None:
+        """The sequence left (finished or cancelled): it joins the global cache."""
+        if self.seqs[slot] is not None:
+            self.cache.add(self.seqs[slot])
+        self.seqs[slot], self.local[slot], self.indexed[slot] = None, SuffixIndex(self.depth), 0
