@@ -57,7 +57,7 @@ def read_prompts(path: str) -> tuple:
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False),
               help="Prompt file (.json list, .jsonl, or text: '---' separated or one per line). "
                    "Default: built-in code and prose prompts.")
-@click.option("--methods", callback=method_list, help="Comma-separated: draft, ngram, medusa, eagle "
+@click.option("--methods", callback=method_list, help="Comma-separated: draft, ngram, suffix, medusa, eagle "
               "(default: every speculative method this runtime implements).")
 @click.option("--batch", "batches", default="1,4,16", show_default=True, callback=int_list,
               help="Batch sizes of the verification cost curve.")

@@ -25,7 +25,7 @@ from .advice import (CURVE_QS, GAMMAS, MIN_GAIN, Measurements, MethodMeasurement
                              ridge_q)
 from ..prompts import CODE, REPETITIVE
 
-KNOWN_METHODS = ("draft", "ngram", "medusa", "eagle")  # accepted by --methods; availability decided at run time
+KNOWN_METHODS = ("draft", "ngram", "suffix", "medusa", "eagle")  # accepted by --methods; availability decided at run time
 PROSE = [
     "The history of the printing press begins in the fifteenth century, when",
     "Dear team,\n\nThank you all for the work on the release last week. Before the next one,",
