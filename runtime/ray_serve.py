@@ -151,19 +151,25 @@ def run(spec: AppSpec, replicas: int, address: str | None, host: str, port: int,
 
     spec = replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=check_spec(spec))))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # (a local cluster; set it to "token" for real ones)
-    started = address is None
-    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    started, stop = address is None, threading.Event()
     try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose own SIGTERM handler exits mid-call
+            signal.signal(sig, lambda *_: stop.set())
         serve.start(http_options={"host": host, "port": port})
         serve.run(deployment(spec, replicas, cpus), name="specrt", route_prefix="/")
-        log(f"serving {spec.config.model_name!r} on {replicas} Ray Serve replica(s) at http://{host}:{port}")
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        if not stop.is_set():
+            log(f"serving {spec.config.model_name!r} on {replicas} Ray Serve replica(s) at http://{host}:{port}")
         while not stop.wait(1.0):
             pass
+    except SystemExit:  # SIGTERM while ray.init was starting the cluster
+        pass
     finally:
-        serve.delete("specrt")
-        serve.shutdown()
+        if ray.is_initialized():
+            try:
+                serve.delete("specrt")
+                serve.shutdown()
+            except Exception as e:  # nothing deployed yet, or the cluster is going away
+                log(f"stopping Ray Serve: {type(e).__name__}: {e}")
         if started:
-            ray.shutdown()
+            ray.shutdown()  # (also a cluster whose start a SIGTERM interrupted)

@@ -35,7 +35,7 @@ def test_export_then_generate(runner, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "temperature must be"),
     (["--top-p", "2"], "top_p must be"),
-    (["--method", "bogus"], "'bogus' is not one of 'none', 'draft', 'ngram', 'medusa', 'eagle'"),
+    (["--method", "bogus"], "'bogus' is not one of 'none', 'draft', 'ngram', 'suffix', 'medusa', 'eagle'"),
 ])
 def test_generate_bad_arguments(runner, llama_engine, args, message):
     res = runner.invoke(cli, ["generate", str(llama_engine), "--prompt", "hi", *args])
