@@ -45,8 +45,7 @@ for line in sys.stdin:
 def settings() -> dict:
     cores = os.cpu_count() or 1
     return {"ORT default (all cores, spinning)": (0, True), f"{cores} threads, no spinning": (cores, False),
-            "all cores, spin <= 10 us": (0, 10), "all cores, spin <= 20 us": (0, 20),
-            "all cores, spin <= 50 us": (0, 50), "1 thread": (1, None)}
+            "all cores, spin <= 20 us (specrt's default)": (0, None), "1 thread": (1, None)}
 
 
 def main(argv=None) -> None:
