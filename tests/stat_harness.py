@@ -16,6 +16,7 @@ import torch
 from scipy import stats as sps
 
 from reference import reference_penalize, reference_probs, run_all
+from specrt.export.onnx_export import load_hf
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
 
@@ -115,6 +116,13 @@ def run_trials_batched(rt, prompt, trials: int, vocab: int, method: str, max_bat
         for k in totals:
             totals[k] += stats.get(k, 0)
     return counts, totals
+
+
+def exactness(rt, target_dir, prompt, vocab: int, sampling: dict, trials: int = 2500, **gen) -> tuple[dict, dict]:
+    """(p-values, summed proposed/accepted) of ``run_trials`` against the torch target's exact joint
+    under ``sampling`` (penalties included); ``gen``: method, gamma, ... for ``rt.generate``."""
+    counts, totals = run_trials(rt, prompt, trials, vocab, **gen, **sampling)
+    return p_values(counts, exact_joint(load_hf(target_dir), prompt, sampling, vocab)), totals
 
 
 def p_values(counts: np.ndarray, joint: np.ndarray) -> dict:

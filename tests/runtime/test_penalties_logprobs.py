@@ -9,7 +9,7 @@ from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers import Proposal
 from specrt.runtime.sampling import SamplingError, SamplingParams, log_probs, penalize, probs
 from specrt.trees import compile_tree
-from stat_harness import P_MIN, exact_joint, p_values, run_trials
+from stat_harness import P_MIN, exact_joint, exactness, p_values, run_trials
 
 V = 16
 TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
@@ -80,10 +80,8 @@ def test_penalized_greedy_equals_reference_loop(engine, method, pen):
 @pytest.mark.parametrize("pen", [dict(presence_penalty=1.0, frequency_penalty=0.5),
                                  dict(repetition_penalty=1.8, temperature=0.8, top_p=0.9)], ids=str)
 def test_penalized_draft_sampling_is_exact(engine, pen):
-    rt = specrt.load(engine)
-    sampling = {"temperature": 1.0, **pen}
-    counts, totals = run_trials(rt, PROMPT, 2500, V, method="draft", gamma=2, **sampling)
-    pv = p_values(counts, exact_joint(load_hf(engine.parent / "target"), PROMPT, sampling, V))
+    pv, totals = exactness(specrt.load(engine), engine.parent / "target", PROMPT, V, {"temperature": 1.0, **pen},
+                           method="draft", gamma=2)
     assert min(pv.values()) > P_MIN, pv
     assert totals["accepted"] > 0
 

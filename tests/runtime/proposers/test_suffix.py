@@ -4,9 +4,8 @@ import pytest
 
 import specrt
 from reference import assert_batched_rows_equal_batch1
-from specrt.export.onnx_export import load_hf
 from specrt.runtime.proposers.suffix import SuffixCache, SuffixIndex, propose
-from stat_harness import P_MIN, exact_joint, p_values, run_trials
+from stat_harness import P_MIN, exactness
 
 V = 16
 TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
@@ -74,9 +73,7 @@ def test_a_repeated_request_drafts_more_from_the_global_cache(engine):
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)], ids=str)
 def test_suffix_sampling_is_exact(engine, sampling):
     """Every trial re-emits the same prompt, so the global cache proposes from earlier trials' outputs."""
-    rt = specrt.load(engine)
-    counts, totals = run_trials(rt, PROMPT, 2500, V, method="suffix", gamma=2, **sampling)
-    pv = p_values(counts, exact_joint(load_hf(engine.parent / "target"), PROMPT, sampling, V))
+    pv, totals = exactness(specrt.load(engine), engine.parent / "target", PROMPT, V, sampling, method="suffix", gamma=2)
     assert min(pv.values()) > P_MIN, pv
     assert totals["proposed"] > 0
 
