@@ -1,4 +1,7 @@
 """`specrt serve`: logprobs, n choices, penalties, and what the operator sees (auth scheme, HEAD /health, metrics)."""
+import concurrent.futures
+import json
+
 import httpx
 import openai
 import pytest
@@ -135,3 +138,23 @@ def test_a_20_character_stop_string_inside_the_text(client, ref, stream):
         got = client.completions.create(**kw)
         text, finish = got.choices[0].text, got.choices[0].finish_reason
     assert (text, finish) == (want, "stop")
+
+
+def test_serve_method_suffix_concurrent_streams_equal_greedy(start_server, ref):
+    """Suffix decoding served batched: 4 concurrent greedy streams, each == its own rt.generate; a repeat
+    of an earlier request drafts from the server's global cache."""
+    srv = start_server(batch=CoreConfig(max_batch=4, method="suffix", gamma=4))
+    prompts = ["hello world", "the cat sat on", "abc abc abc", "x = 1"]
+    want = {p: ref.generate(p, max_new_tokens=30, method="none").text for p in prompts}
+
+    def stream(prompt):
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 30, "temperature": 0, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        return "".join(c["choices"][0]["text"] for c in chunks), chunks[-1]["speculation"]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = dict(zip(prompts, pool.map(stream, prompts)))
+    assert {p: t for p, (t, _) in got.items()} == want
+    text, spec = stream("hello world")  # the same request again: its earlier output is in the global cache
+    assert text == want["hello world"] and spec["method"] == "suffix" and spec["accepted"] > 0
