@@ -28,18 +28,15 @@ from .server import AppSpec, build_app
 MIRRORED = ("specrt_", "process_")  # metric name prefixes mirrored into Ray's metrics
 
 
-def check_spec(spec: AppSpec) -> str:
-    """On the driver, before anything is deployed: the engine dir is valid and has the method
-    (the replicas load the same path). Returns the method; raises EngineError / SamplingError."""
+def check_spec(spec: AppSpec) -> AppSpec:
+    """On the driver, before anything is deployed: the engine dir is valid and has the method (the
+    replicas load the same path). Returns ``spec`` with its method resolved; raises EngineError /
+    SamplingError."""
     from ..engines.manifest import load_manifest
-    from .sampling import SamplingError
+    from .runtime import resolve_method
 
-    manifest = load_manifest(spec.engine_dir)
-    method = spec.config.batch.method or manifest.defaults.get("method") or ("draft" if manifest.draft else "ngram")
-    present = {"draft": manifest.draft, "medusa": manifest.medusa, "eagle": manifest.eagle}
-    if method in present and present[method] is None:
-        raise SamplingError(f"method {method!r} needs an engine dir exported with --{method}")
-    return method
+    method = resolve_method(load_manifest(spec.engine_dir), spec.config.batch.method)
+    return replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=method)))
 
 
 def replica_options(spec: AppSpec, replicas: int, cpus: float) -> dict:
@@ -104,8 +101,8 @@ def app_builder(args: dict):
                           max_queue=get("max_queue", int, 128), api_key=args.get("api_key"),
                           batch=CoreConfig(max_batch=get("max_batch", int, 8), method=args.get("method"),
                                            gamma=get("gamma", int, None)))
-    spec = AppSpec(args["engine_dir"], config, backend=args.get("backend", "ort"), threads=get("threads", int, None))
-    spec = replace(spec, config=replace(config, batch=replace(config.batch, method=check_spec(spec))))
+    spec = check_spec(AppSpec(args["engine_dir"], config, backend=args.get("backend", "ort"),
+                              threads=get("threads", int, None)))
     return deployment(spec, replicas=get("replicas", int, 1), cpus=get("cpus", float, 1.0))
 
 
@@ -145,11 +142,12 @@ class MetricsMirror:
 def run(spec: AppSpec, replicas: int, address: str | None, host: str, port: int, cpus: float,
         log=print) -> None:
     """Deploy on the Ray cluster at ``address`` (None: start a local one) and serve until SIGINT or
-    SIGTERM; then remove the application, and stop the cluster if this call started it."""
+    SIGTERM; then remove the application, and stop the cluster if this call started it. The engine
+    dir is checked first (EngineError / SamplingError before anything starts)."""
+    spec = check_spec(spec)
     import ray
     from ray import serve
 
-    spec = replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=check_spec(spec))))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # (a local cluster; set it to "token" for real ones)
     started, stop = address is None, threading.Event()
     try:

@@ -26,6 +26,23 @@ class PromptTooLongError(ValueError):
     pass
 
 
+def resolve_method(manifest: Manifest, method: str | None) -> str:
+    """The method a request runs (None: the engine dir's default, else draft if it has one, else
+    ngram); SamplingError for an unknown one or one the engine dir lacks. Needs only the manifest."""
+    if method is None:
+        method = manifest.defaults.get("method") or ("draft" if manifest.draft else "ngram")
+    if method not in METHODS:
+        raise SamplingError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    check_method(manifest, method)
+    return method
+
+
+def check_method(manifest: Manifest, method: str) -> None:
+    present = {"draft": manifest.draft, "medusa": manifest.medusa, "eagle": manifest.eagle}
+    if method in present and present[method] is None:
+        raise SamplingError(f"method {method!r} needs an engine dir exported with --{method}")
+
+
 EXTRA_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs")
 
 
@@ -207,12 +224,7 @@ class Runtime:
         return proposers.NoProposer()
 
     def check_method(self, method: str) -> None:
-        if method == "draft" and self.draft is None:
-            raise SamplingError("method 'draft' needs an engine dir exported with --draft")
-        if method == "medusa" and self.medusa is None:
-            raise SamplingError("method 'medusa' needs an engine dir exported with --medusa")
-        if method == "eagle" and self.eagle is None:
-            raise SamplingError("method 'eagle' needs an engine dir exported with --eagle")
+        check_method(self.manifest, method)
 
     def core(self, method: str, acceptance: str = "exact") -> DecodeCore:
         """The batch-1 decode core of ``method`` (made once; the target's cache and latency curve shared)."""
@@ -273,9 +285,7 @@ class Runtime:
         thread for 12 s), and a too-long one is refused before its ids are turned into Python ints."""
         if isinstance(prompt, str):
             encoding = self.tokenizer.encode_batch([prompt], add_special_tokens=False)[0]
-            if len(encoding) >= self.manifest.max_len:
-                raise PromptTooLongError(f"prompt has {len(encoding)} tokens; the engine's cache holds max_len="
-                                         f"{self.manifest.max_len} tokens in all, so at most {self.manifest.max_len - 1}")
+            self._check_length(len(encoding))
             ids = encoding.ids
         elif isinstance(prompt, (list, tuple, np.ndarray)) and all(isinstance(int(t), int) for t in prompt):
             ids = [int(t) for t in prompt]
@@ -287,18 +297,16 @@ class Runtime:
             raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt is empty")
-        if len(ids) >= self.manifest.max_len:
-            raise PromptTooLongError(f"prompt has {len(ids)} tokens; the engine's cache holds max_len="
-                                     f"{self.manifest.max_len} tokens in all, so at most {self.manifest.max_len - 1}")
+        self._check_length(len(ids))
         return ids
 
+    def _check_length(self, n: int) -> None:
+        if n >= self.manifest.max_len:
+            raise PromptTooLongError(f"prompt has {n} tokens; the engine's cache holds max_len="
+                                     f"{self.manifest.max_len} tokens in all, so at most {self.manifest.max_len - 1}")
+
     def resolve_method(self, method: str | None) -> str:
-        if method is None:
-            method = self.manifest.defaults.get("method") or ("draft" if self.draft else "ngram")
-        if method not in METHODS:
-            raise SamplingError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-        self.check_method(method)
-        return method
+        return resolve_method(self.manifest, method)
 
     # ---- internals --------------------------------------------------------------------------
     def _events(self, core: DecodeCore, ids, params: SamplingParams, holder: dict):

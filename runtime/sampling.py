@@ -128,8 +128,9 @@ def top_logprobs(logits: np.ndarray, tokens, params: SamplingParams, top: int) -
     logits: [K, V] (penalised); tokens: int [K], the tokens emitted from those rows."""
     lp = log_probs(logits, params)  # [K, V]
     out = []
+    k = min(top, lp.shape[-1])
     for row, tok in zip(lp, tokens):
-        best = np.argpartition(-row, top - 1)[:top] if 0 < top < len(row) else np.arange(len(row) if top else 0)
+        best = np.argpartition(-row, k - 1)[:k] if 0 < k < len(row) else np.arange(k)  # the k best, unordered
         best = best[np.argsort(-row[best], kind="stable")]
         out.append((float(row[tok]), tuple((int(i), float(row[i])) for i in best)))
     return out

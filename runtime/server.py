@@ -208,9 +208,6 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
                            f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} in the "
                            "completion). Please reduce the prompt or max_tokens.", param="max_tokens",
                            code="context_length_exceeded")
-        if req.n > config.batch.max_batch:
-            raise ApiError(400, f"n={req.n}: this server decodes at most {config.batch.max_batch} sequences at once "
-                           "(--max-batch)", param="n", code="invalid_value")
         try:
             return [SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                                    seed=None if req.seed is None else req.seed + i,

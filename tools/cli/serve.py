@@ -106,7 +106,6 @@ def serve_on_ray(spec, replicas: int, address, host: str, port: int, cpus: float
     from ...engines import EngineError
 
     try:
-        ray_serve.check_spec(spec)
-    except (EngineError, ValueError) as e:
+        ray_serve.run(spec, replicas, address, host, port, cpus, log=lambda m: click.echo(m, err=True))
+    except (EngineError, ValueError) as e:  # the engine dir or method, checked before Ray starts
         raise click.ClickException(str(e))
-    ray_serve.run(spec, replicas, address, host, port, cpus, log=lambda m: click.echo(m, err=True))
