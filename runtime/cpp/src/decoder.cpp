@@ -1,0 +1,112 @@
+#include "decoder.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "error.h"
+#include "verify.h"
+
+namespace specrt::impl {
+
+Engine::Engine(const std::string &engine_dir, const Options &options) : manifest_(load_manifest(engine_dir)) {
+  Ort::Env &env = ort_env(ort_library_path(options.ort_library));
+  target_ = std::make_unique<Graph>(env, manifest_.root, manifest_.target(), manifest_.max_len, options.intra_op_threads,
+                                    options.spin_duration_us);
+  if (const GraphSpec *d = manifest_.draft())  // one thread: a draft step is too small to gain from a pool
+    draft_ = std::make_unique<Graph>(env, manifest_.root, *d, manifest_.max_len, 1, options.spin_duration_us);
+}
+
+std::string Engine::default_method() const {
+  if (!manifest_.default_method.empty()) return manifest_.default_method;
+  return draft_ ? "draft" : "ngram";
+}
+
+std::string Engine::resolve_method(const std::string &method) const {
+  const std::string m = method.empty() ? default_method() : method;
+  if (m == "suffix" || m == "medusa" || m == "eagle")
+    throw ArgumentError("method '" + m + "' is not in the C++ runtime (it runs none, draft, ngram); pass one of those");
+  if (m != "none" && m != "draft" && m != "ngram")
+    throw ArgumentError("unknown method '" + m + "'; available: none, draft, ngram");
+  if (m == "draft" && !draft_) throw ArgumentError("method 'draft' needs an engine dir exported with --draft");
+  return m;
+}
+
+int Engine::resolve_gamma(int gamma, const std::string &method) const {
+  if (method == "none") return 0;
+  if (gamma < 0) return manifest_.default_gamma.value_or(manifest_.gamma);
+  if (gamma > manifest_.gamma)
+    throw ArgumentError("gamma must be in 0.." + std::to_string(manifest_.gamma) + " (the exported gamma), got " +
+                        std::to_string(gamma));
+  return gamma;
+}
+
+Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_token) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (std::string problem = check_sampling(req.sampling); !problem.empty()) throw ArgumentError(problem);
+  if (req.max_new_tokens < 1)
+    throw ArgumentError("max_new_tokens must be an integer >= 1, got " + std::to_string(req.max_new_tokens));
+  const int max_len = manifest_.max_len, vocab = target_->vocab();
+  const int n_prompt = static_cast<int>(req.prompt.size());
+  if (n_prompt < 1 || n_prompt >= max_len)
+    throw ArgumentError("prompt length " + std::to_string(n_prompt) + " outside 1.." + std::to_string(max_len - 1));
+  for (int64_t id : req.prompt)
+    if (id < 0 || id >= vocab) throw ArgumentError("token id " + std::to_string(id) + " outside the vocabulary 0.." + std::to_string(vocab - 1));
+  const std::string method = resolve_method(req.method);
+  const int gamma = resolve_gamma(req.gamma, method);
+  const Sampling &s = req.sampling;
+  const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0);
+
+  Generation g;
+  Counts &c = g.counts;
+  Rng rng(req.seed);
+  std::vector<int64_t> seq = req.prompt, end_ids = manifest_.eos_token_ids;
+  end_ids.insert(end_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+  const int limit = std::min(req.max_new_tokens, max_len - n_prompt);
+  auto emit = [&](int64_t tok) {  // true when the sequence is finished
+    g.tokens.push_back(tok);
+    seq.push_back(tok);
+    if (on_token && !on_token(tok)) g.finish_reason = "cancelled";
+    else if (std::find(end_ids.begin(), end_ids.end(), tok) != end_ids.end()) g.finish_reason = "stop";
+    else if (static_cast<int>(g.tokens.size()) >= limit) g.finish_reason = "length";
+    return !g.finish_reason.empty();
+  };
+
+  target_->rollback(0);
+  const float *logits = target_->prefill(req.prompt);
+  c.target_passes += (n_prompt + target_->prefill_chunk() - 1) / target_->prefill_chunk();
+  bool done = emit(next_token(logits, vocab, s, rng, scratch_row_));
+  std::optional<DraftProposer> draft;
+  NGramIndex ngram;
+  if (method == "draft") draft.emplace(*draft_);
+  if (!done && draft) draft->start(req.prompt);
+  while (!done) {  // one round: propose k, verify all of them in ONE target pass, keep the accepted prefix
+    const int budget = limit - static_cast<int>(g.tokens.size());
+    const int k = budget <= 1 ? 0 : std::max(0, std::min({gamma, budget - 1, target_->room() - 1}));
+    Proposal p;
+    if (k && draft) p = draft->propose(seq, k, s, rng);
+    if (k && method == "ngram") {
+      ngram.extend(seq);
+      p.tokens = ngram.propose(k);
+    }
+    std::vector<int64_t> ids = {seq.back()};
+    ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
+    logits = target_->forward(ids.data(), static_cast<int>(ids.size()));
+    const Verdict v = s.greedy() ? verify_greedy(p.tokens, logits, vocab)
+                                 : verify_sampled(p.tokens, p.q, logits, vocab, s, rng, scratch_p_);
+    target_->commit(v.accepted + 1);  // the last token and the accepted proposals
+    const int proposed = static_cast<int>(p.tokens.size());
+    c.target_passes += 1;
+    c.rounds += 1;
+    c.proposed += proposed;
+    c.accepted += v.accepted;
+    c.rejections += v.accepted < proposed;
+    for (int i = 0; i < v.accepted && !done; ++i) done = emit(p.tokens[i]);
+    if (!done) done = emit(v.next);
+  }
+  c.draft_passes = draft ? draft->passes : 0;
+  c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - engine_before;
+  c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return g;
+}
+
+}  // namespace specrt::impl

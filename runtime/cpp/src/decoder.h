@@ -1,0 +1,62 @@
+// The engine: an engine dir's graphs and the decode loop (draft, verify, accept), batch 1.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph.h"
+#include "manifest.h"
+#include "proposers.h"
+#include "sampling.h"
+
+namespace specrt::impl {
+
+struct GenerateRequest {
+  std::vector<int64_t> prompt;        // 1..max_len-1 ids
+  std::string method;                 // "none" | "draft" | "ngram"; "": the engine dir's default
+  int gamma = -1;                     // proposal length, 0..manifest gamma; -1: defaults.gamma, else the exported gamma
+  Sampling sampling;
+  uint64_t seed = 0;
+  int max_new_tokens = 64;
+  std::vector<int64_t> stop_token_ids;  // besides the engine's EOS ids
+};
+
+struct Counts {  // the Python runtime's per-sequence stats (runtime/stats.py), plus times
+  int64_t target_passes = 0, draft_passes = 0, rounds = 0, proposed = 0, accepted = 0, rejections = 0;
+  double wall_seconds = 0, engine_seconds = 0;
+};
+
+struct Generation {
+  std::vector<int64_t> tokens;  // generated ids (prompt excluded; an EOS or stop id included)
+  std::string finish_reason;    // "stop" | "length" | "cancelled"
+  Counts counts;
+};
+
+// Called per generated token; returns false to stop (finish reason "cancelled").
+using TokenCallback = std::function<bool(int64_t)>;
+
+class Engine {
+ public:
+  struct Options {
+    std::string ort_library;  // "" : ort_library_path's default
+    int intra_op_threads = 0; // target graph (0: ORT's default); the draft runs on 1
+    int spin_duration_us = 20;  // engines/ort.py DEFAULT_SPIN_US; -1: ORT's default
+  };
+  Engine(const std::string &engine_dir, const Options &options);
+
+  Generation generate(const GenerateRequest &request, const TokenCallback &on_token = nullptr);
+  const Manifest &manifest() const { return manifest_; }
+  std::string default_method() const;  // defaults.method, else "draft" if there is a draft, else "ngram"
+
+ private:
+  std::string resolve_method(const std::string &method) const;  // throws ArgumentError
+  int resolve_gamma(int gamma, const std::string &method) const;
+
+  Manifest manifest_;
+  std::unique_ptr<Graph> target_, draft_;
+  std::vector<double> scratch_p_, scratch_row_;
+};
+
+}  // namespace specrt::impl

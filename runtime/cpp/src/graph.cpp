@@ -1,0 +1,169 @@
+#include "graph.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "error.h"
+
+namespace specrt::impl {
+namespace {
+
+constexpr float MASK_MIN = -65504.0f;      // contract.py MASK_MIN: float16's most negative finite value
+constexpr uint16_t MASK_MIN_FP16 = 0xFBFF;  // the same value's float16 bits
+
+std::string type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    default: return "tensor(type " + std::to_string(static_cast<int>(t)) + ")";
+  }
+}
+
+bool is_int(const std::string &dim) { return !dim.empty() && dim.find_first_not_of("-0123456789") == std::string::npos; }
+
+}  // namespace
+
+Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us)
+    : spec_(spec), max_len_(max_len), elem_(spec.dtype == "fp16" ? 2 : 4), in_place_(spec.kv_layout == "in_place") {
+  Ort::SessionOptions options;
+  options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  if (threads > 0) options.SetIntraOpNumThreads(threads);
+  if (spin_us >= 0) options.AddConfigEntry("session.intra_op.spin_duration_us", std::to_string(spin_us).c_str());
+  const std::string path = root + "/" + spec.file;
+  try {
+    session_ = Ort::Session(env, path.c_str(), options);
+  } catch (const Ort::Exception &e) {
+    std::string what = e.what();
+    throw EngineError("ONNX Runtime cannot load " + spec.file.substr(spec.file.find_last_of('/') + 1) + ": " +
+                      what.substr(0, what.find('\n')));
+  }
+  input_names_ = contract_inputs(spec.num_layers, spec.kv_layout);
+  output_names_ = contract_outputs(spec.num_layers, false, spec.kv_layout);  // `hidden` is not fetched
+  check_inputs();
+  memory_ = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  entry_bytes_ = static_cast<size_t>(spec.num_kv_heads) * spec.head_dim * elem_;
+  planes_.assign(2 * spec.num_layers, std::vector<uint8_t>(entry_bytes_ * max_len));
+}
+
+void Graph::check_inputs() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < session_.GetInputCount(); ++i)
+    names.push_back(session_.GetInputNameAllocated(i, Ort::AllocatorWithDefaultOptions()).get());
+  std::vector<std::string> expected;
+  for (const auto &t : spec_.inputs) expected.push_back(t.name);
+  auto head = [](const std::vector<std::string> &v) { return std::vector<std::string>(v.begin(), v.begin() + std::min<size_t>(4, v.size())); };
+  if (names != expected)
+    throw EngineError(spec_.file + ": graph inputs " + py_list(head(names)) + "... do not match the manifest (" +
+                      py_list(head(expected)) + "...): the engine dir is inconsistent");
+  for (size_t i = 0; i < names.size(); ++i) {
+    Ort::TypeInfo info = session_.GetInputTypeInfo(i);  // kept alive while its tensor info is read
+    auto tensor = info.GetTensorTypeAndShapeInfo();
+    std::vector<int64_t> dims = tensor.GetShape();
+    std::vector<const char *> symbols(dims.size(), nullptr);
+    tensor.GetSymbolicDimensions(symbols.data(), symbols.size());
+    std::vector<std::string> shown;
+    bool same = dims.size() == spec_.inputs[i].shape.size();
+    for (size_t d = 0; d < dims.size(); ++d) {
+      shown.push_back(dims[d] >= 0 ? std::to_string(dims[d]) : (symbols[d] && *symbols[d] ? "'" + std::string(symbols[d]) + "'" : "None"));
+      if (same && dims[d] >= 0 && is_int(spec_.inputs[i].shape[d]) && std::to_string(dims[d]) != spec_.inputs[i].shape[d]) same = false;
+    }
+    std::string dtype = type_name(tensor.GetElementType());
+    if (dtype != spec_.inputs[i].dtype || !same)
+      throw EngineError(spec_.file + ": input '" + names[i] + "' is " + dtype + " " + py_list(shown, false) +
+                        " in the graph but " + spec_.inputs[i].dtype + " " + py_list(spec_.inputs[i].shape, false) +
+                        " in the manifest: the engine dir is inconsistent");
+  }
+}
+
+void Graph::build_mask(int q) {
+  const int total = length_ + q;
+  mask_.assign(static_cast<size_t>(q) * total * elem_, 0);  // 0 = attend (0.0 in fp32 and fp16)
+  auto masked = [&](int i, int t) {
+    const int pos_q = length_ + i;  // entry t holds position t: the cache is a row's positions in order
+    return t > pos_q || (spec_.sliding_window && t <= pos_q - *spec_.sliding_window);
+  };
+  for (int i = 0; i < q; ++i)
+    for (int t = 0; t < total; ++t)
+      if (masked(i, t)) {
+        size_t at = static_cast<size_t>(i) * total + t;
+        if (elem_ == 2) reinterpret_cast<uint16_t *>(mask_.data())[at] = MASK_MIN_FP16;
+        else reinterpret_cast<float *>(mask_.data())[at] = MASK_MIN;
+      }
+}
+
+const float *Graph::forward(const int64_t *ids, int q) {
+  if (q < 1 || length_ + q > max_len_)
+    throw RuntimeFailure("KV cache full: " + std::to_string(length_) + " + " + std::to_string(q) + " tokens > max_len " +
+                         std::to_string(max_len_));
+  const int L = length_, V = spec_.vocab_size;
+  const auto kv_type = elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  positions_.resize(q);
+  for (int i = 0; i < q; ++i) positions_[i] = L + i;
+  build_mask(q);
+  logits_.resize(static_cast<size_t>(q) * V);
+  const int64_t ids_shape[] = {1, q}, mask_shape[] = {1, 1, q, L + q}, logits_shape[] = {1, q, V}, one[] = {1};
+  const int64_t hkv = spec_.num_kv_heads, d = spec_.head_dim;
+  int32_t seqlens_k = L + q - 1, total = L + q;
+  std::vector<Ort::Value> inputs, outputs;
+  inputs.push_back(Ort::Value::CreateTensor<int64_t>(memory_, const_cast<int64_t *>(ids), q, ids_shape, 2));
+  inputs.push_back(Ort::Value::CreateTensor<int64_t>(memory_, positions_.data(), q, ids_shape, 2));
+  inputs.push_back(Ort::Value::CreateTensor(memory_, mask_.data(), mask_.size(), mask_shape, 4, kv_type));
+  outputs.push_back(Ort::Value::CreateTensor<float>(memory_, logits_.data(), logits_.size(), logits_shape, 3));
+  if (in_place_) {
+    inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, &seqlens_k, 1, one, 1));
+    inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, &total, 1, one, 0));
+    const int64_t shape[] = {1, hkv, max_len_, d};  // the whole buffer, bound as past and as present
+    for (auto &plane : planes_) {
+      inputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type));
+      outputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type));
+    }
+  } else {
+    const int64_t past_shape[] = {L, 1, hkv, d}, new_shape[] = {q, 1, hkv, d};
+    for (auto &plane : planes_) {  // past = cache[:L]; the new K/V land in cache[L:L+q]
+      inputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), entry_bytes_ * L, past_shape, 4, kv_type));
+      outputs.push_back(Ort::Value::CreateTensor(memory_, plane.data() + entry_bytes_ * L, entry_bytes_ * q, new_shape, 4, kv_type));
+    }
+  }
+  std::vector<const char *> in_names, out_names;
+  for (const auto &n : input_names_) in_names.push_back(n.c_str());
+  for (const auto &n : output_names_) out_names.push_back(n.c_str());
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    session_.Run(Ort::RunOptions{nullptr}, in_names.data(), inputs.data(), inputs.size(), out_names.data(),
+                 outputs.data(), outputs.size());
+  } catch (const Ort::Exception &e) {
+    throw RuntimeFailure(spec_.role + " graph: ONNX Runtime run failed: " + e.what());
+  }
+  engine_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls;
+  last_q_ = q;
+  return logits_.data();
+}
+
+void Graph::commit(int n) {
+  if (n < 0 || n > last_q_) throw RuntimeFailure("commit of " + std::to_string(n) + " positions after a call of " + std::to_string(last_q_));
+  length_ += n;
+  last_q_ = 0;
+}
+
+void Graph::rollback(int length) {
+  if (length < 0 || length > length_)
+    throw RuntimeFailure("cannot roll back to " + std::to_string(length) + ": the cache holds " + std::to_string(length_));
+  length_ = length;
+}
+
+const float *Graph::prefill(const std::vector<int64_t> &ids) {
+  const float *logits = nullptr;
+  const int chunk = spec_.prefill_chunk;
+  int last = 0;
+  for (size_t i = 0; i < ids.size(); i += chunk) {
+    last = static_cast<int>(std::min(ids.size() - i, static_cast<size_t>(chunk)));
+    logits = forward(ids.data() + i, last);
+    commit(last);
+  }
+  return logits + static_cast<size_t>(last - 1) * spec_.vocab_size;
+}
+
+}  // namespace specrt::impl

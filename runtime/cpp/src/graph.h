@@ -1,0 +1,56 @@
+// One target or draft graph of an engine dir and its batch-1 KV cache (docs/engine-format.md).
+//
+// The cache holds `length()` valid entries; a call runs Q new tokens after them at positions
+// length()..length()+Q-1 and the graph writes their K/V straight into the cache, past the valid
+// entries (time_major: the new_* outputs are bound to cache[L:L+Q]; in_place: past_* and present_*
+// are the same buffer), so no step copies the past. `commit(n)` makes the first n of them valid;
+// a chain's rollback is that and nothing else.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "manifest.h"
+#include "ort.h"
+
+namespace specrt::impl {
+
+class Graph {
+ public:
+  // threads: intra-op threads (0: ORT's default); spin_us: pool spin duration (-1: ORT's default).
+  Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us);
+
+  // Run `ids` [q] after the valid entries; returns logits [q, vocab] (valid until the next call).
+  // Changes no length: commit what to keep.
+  const float *forward(const int64_t *ids, int q);
+  void commit(int n);             // keep the first n positions of the last forward
+  void rollback(int length);      // keep only the first `length` entries
+  const float *prefill(const std::vector<int64_t> &ids);  // in chunks of shapes.prefill; logits [vocab] of the last
+
+  int length() const { return length_; }
+  int room() const { return max_len_ - length_; }
+  int vocab() const { return spec_.vocab_size; }
+  int prefill_chunk() const { return spec_.prefill_chunk; }
+
+  double engine_seconds = 0;  // time inside Session::Run
+  int64_t calls = 0;          // Session::Run calls
+
+ private:
+  void check_inputs() const;  // the graph's inputs must be the manifest's (runtime.py check_graph)
+  void build_mask(int q);     // additive mask [1, 1, q, L + q]: causal, sliding window
+
+  GraphSpec spec_;
+  int max_len_, length_ = 0, last_q_ = 0;
+  size_t elem_;                       // bytes per K/V element (4 fp32, 2 fp16)
+  size_t entry_bytes_;                // one time step of one plane: Hkv * D * elem
+  bool in_place_;
+  Ort::Session session_{nullptr};
+  Ort::MemoryInfo memory_{nullptr};
+  std::vector<std::vector<uint8_t>> planes_;  // per layer K, V: time_major [max_len, 1, Hkv, D]; in_place [1, Hkv, max_len, D]
+  std::vector<float> logits_;                 // [q, vocab]
+  std::vector<uint8_t> mask_;                 // [q, L + q] in the model dtype
+  std::vector<int64_t> positions_;
+  std::vector<std::string> input_names_, output_names_;  // the contract's, in graph order
+};
+
+}  // namespace specrt::impl

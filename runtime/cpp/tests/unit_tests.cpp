@@ -1,0 +1,162 @@
+// C++ unit tests of libspecrt's pieces (ctest "unit"): the sampling filter, verification's
+// distribution, the n-gram matcher, manifest errors through the C ABI, and, when
+// SPECRT_TEST_ENGINE names an engine dir, greedy speculative == plain greedy on it.
+// The comparisons with the Python runtime live in tests/cpp (pytest, through the C ABI).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "proposers.h"
+#include "sampling.h"
+#include "specrt.hpp"
+#include "verify.h"
+
+using namespace specrt::impl;
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                          \
+    }                                                                      \
+  } while (0)
+
+bool near(double a, double b, double tol = 1e-9) { return std::fabs(a - b) <= tol; }
+
+std::vector<float> logits_of(const std::vector<double> &p) {  // logits whose softmax is p
+  std::vector<float> out;
+  for (double x : p) out.push_back(x > 0 ? static_cast<float>(std::log(x)) : -1e30f);
+  return out;
+}
+
+void test_probs() {
+  std::vector<double> p;
+  std::vector<float> x = {1.0f, 3.0f, 3.0f, -2.0f};
+  probs(x.data(), 4, Sampling{}, p);  // greedy: one-hot on the lowest argmax
+  CHECK(p[1] == 1.0 && p[2] == 0.0);
+  auto l = logits_of({0.5, 0.3, 0.2});
+  probs(l.data(), 3, Sampling{1.0, 0, 0.6, 0.0}, p);  // top-p 0.6 keeps {0, 1}: the mass before token 2 is 0.8
+  CHECK(near(p[0], 0.625, 1e-6) && near(p[1], 0.375, 1e-6) && p[2] == 0.0);
+  auto t = logits_of({0.4, 0.3, 0.3});
+  probs(t.data(), 3, Sampling{1.0, 2, 1.0, 0.0}, p);  // top-k 2 keeps ties at the boundary
+  CHECK(p[0] > 0 && p[1] > 0 && p[2] > 0);
+  probs(t.data(), 3, Sampling{1.0, 0, 0.5, 0.0}, p);  // top-p 0.5: ties strictly after 0.4 both kept
+  CHECK(p[1] > 0 && p[2] > 0 && near(p[1], p[2]));
+  probs(l.data(), 3, Sampling{1.0, 0, 1.0, 0.5}, p);  // min-p 0.5: keep >= 0.25
+  CHECK(p[2] == 0.0 && near(p[0], 0.625, 1e-6));
+  std::vector<float> big = {1e30f, 0.0f};
+  probs(big.data(), 2, Sampling{1e-300, 0, 1.0, 0.0}, p);  // a tiny temperature does not overflow
+  CHECK(p[0] == 1.0 && std::isfinite(p[1]));
+  CHECK(check_sampling(Sampling{-1.0, 0, 1.0, 0.0}) == "temperature must be a finite number >= 0, got -1.0");
+  CHECK(check_sampling(Sampling{1.0, 0, 0.0, 0.0}) == "top_p must be in (0, 1], got 0.0");
+}
+
+// Verification emits tokens distributed as p whatever q is: empirical frequencies of the first emitted token.
+void test_verify_distribution() {
+  const int V = 4, trials = 200000;
+  std::vector<double> pt = {0.1, 0.4, 0.2, 0.3}, qd = {0.5, 0.1, 0.3, 0.1};
+  auto lp = logits_of(pt);
+  std::vector<float> logits;
+  for (int r = 0; r < 2; ++r) logits.insert(logits.end(), lp.begin(), lp.end());  // rows: after the root, after x1
+  for (bool point_mass : {false, true}) {
+    Rng rng(7);
+    std::vector<double> counts(V), scratch;
+    for (int n = 0; n < trials; ++n) {
+      int64_t x = point_mass ? 0 : sample(qd.data(), V, rng);
+      std::vector<double> q = point_mass ? std::vector<double>{} : qd;
+      Verdict v = verify_sampled({x}, q, logits.data(), V, Sampling{1.0, 0, 1.0, 0.0}, rng, scratch);
+      counts[v.accepted ? x : v.next] += 1;
+    }
+    for (int t = 0; t < V; ++t) CHECK(near(counts[t] / trials, pt[t], 0.006));
+  }
+  Verdict g = verify_greedy({1}, logits.data(), V);  // the argmax is 1 at both rows: x1 = 1 kept, then the bonus 1
+  CHECK(g.accepted == 1 && g.next == 1);
+  g = verify_greedy({2}, logits.data(), V);
+  CHECK(g.accepted == 0 && g.next == 1);
+}
+
+void test_ngram() {
+  NGramIndex index(3, 1);
+  index.extend({5, 1, 2, 3, 9, 1, 2});
+  CHECK((index.propose(3) == std::vector<int64_t>{3, 9, 1}));
+  index.extend({5, 1, 2, 3, 9, 1, 2, 7});
+  CHECK(index.propose(2).empty());
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/specrt_unit_XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+std::string open_error(const std::string &dir) {
+  specrt_engine *e = nullptr;
+  specrt_status s = specrt_engine_open(dir.c_str(), nullptr, &e);
+  CHECK(s == SPECRT_ERROR_ENGINE && e == nullptr);
+  return specrt_last_error();
+}
+
+void test_manifest_errors() {
+  const std::string dir = temp_dir();
+  CHECK(open_error(dir + "/nope") == "engine dir " + dir + "/nope does not exist or is not a directory");
+  CHECK(open_error(dir) == "engine dir " + dir + " has no manifest.json (export one with `specrt export`)");
+  auto write = [&](const std::string &text) { std::ofstream(dir + "/manifest.json") << text; };
+  write("{ not json");
+  CHECK(open_error(dir).rfind(dir + "/manifest.json is not valid JSON: ", 0) == 0);
+  write("{\"format\": \"other\"}");
+  CHECK(open_error(dir) == dir + "/manifest.json is not a specrt engine manifest (format != 'specrt-engine')");
+  write("{\"format\": \"specrt-engine\", \"schema_version\": 99}");
+  CHECK(open_error(dir) == dir + "/manifest.json: schema_version 99 is not supported by this specrt (supports 1, 2); "
+                              "re-export the engine or upgrade specrt");
+  write("{\"format\": \"specrt-engine\", \"schema_version\": 2, \"models\": {\"target\": {\"file\": \"t.onnx\"}}}");
+  CHECK(open_error(dir) == "manifest.json: missing field models.target.'architecture'");
+  write("{\"format\": \"specrt-engine\", \"schema_version\": 2, \"models\": {\"target\": {}, \"critic\": {}}}");
+  CHECK(open_error(dir) == dir + "/manifest.json: unknown model roles ['critic']; known: ['target', 'draft']");
+}
+
+void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, token for token
+  const char *dir = std::getenv("SPECRT_TEST_ENGINE");
+  if (!dir) {
+    std::printf("skip: end-to-end generation (set SPECRT_TEST_ENGINE to an engine dir)\n");
+    return;
+  }
+  specrt::Engine engine(dir);
+  specrt::Params p;
+  p.max_new_tokens = 48;
+  p.method = "none";
+  auto plain = engine.generate({1, 5, 9, 1, 5}, p).token_ids;
+  for (const char *m : {"ngram", "draft"}) {
+    p.method = m;
+    try {
+      CHECK(engine.generate({1, 5, 9, 1, 5}, p).token_ids == plain);
+    } catch (const specrt::Error &e) {
+      CHECK(std::string(e.what()).find("needs an engine dir exported with --draft") != std::string::npos);
+    }
+  }
+  int seen = 0;
+  p.method = "none";
+  auto r = engine.generate({1, 5, 9}, p, [&](int64_t) { return ++seen < 3; });
+  CHECK(r.finish_reason == "cancelled" && r.token_ids.size() == 3);
+}
+
+}  // namespace
+
+int main() {
+  test_probs();
+  test_verify_distribution();
+  test_ngram();
+  test_manifest_errors();
+  test_engine();
+  if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);
+  else std::printf("all checks passed\n");
+  return failures ? 1 : 0;
+}
