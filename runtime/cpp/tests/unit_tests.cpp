@@ -142,6 +142,17 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
       CHECK(std::string(e.what()).find("needs an engine dir exported with --draft") != std::string::npos);
     }
   }
+  p.temperature = 0.8;  // the sampled paths: proposals with q, rejections, residuals
+  p.top_p = 0.9;
+  for (const char *m : {"none", "ngram", "draft"}) {
+    p.method = m;
+    try {
+      CHECK(engine.generate({1, 5, 9, 1, 5}, p).token_ids.size() >= 1);
+    } catch (const specrt::Error &e) {
+      CHECK(std::string(e.what()).find("needs an engine dir exported with --draft") != std::string::npos);
+    }
+  }
+  p.temperature = 0.0;
   int seen = 0;
   p.method = "none";
   auto r = engine.generate({1, 5, 9}, p, [&](int64_t) { return ++seen < 3; });
