@@ -3,7 +3,10 @@ the one builder of attention masks and positions (see docs/engine-format.md).
 
 Every decoder graph takes ``input_ids`` [B, Q], ``position_ids`` [B, Q], an additive
 ``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked) and the past K/V and
-returns ``logits`` [B, Q, V] and, for graphs exported with hidden states, ``hidden`` [B, Q, H].
+returns ``logits`` [B, Q, V] and, for graphs exported with hidden states, ``hidden`` [B, Q, H]
+(the last hidden state, after the final norm) and/or ``aux_hidden`` [B, Q, k·H] (the hidden states
+entering the k decoder layers listed in the manifest's ``aux_hidden_layers``, concatenated in that
+order: EAGLE-3's fused features).
 Two KV layouts (a graph's ``kv_layout`` in the manifest):
 
 - ``time_major`` (traced graphs): past ``past_{key,value}.i`` [P, B, Hkv, D] in, only the new K/V
@@ -39,16 +42,16 @@ def present_names(num_layers: int) -> list[str]:
     return [f"present_{kv}.{i}" for i in range(num_layers) for kv in ("key", "value")]
 
 
-def io_names(num_layers: int, has_hidden: bool, kv_layout: str = "time_major") -> tuple[list[str], list[str]]:
+def io_names(num_layers: int, has_hidden: bool, kv_layout: str = "time_major",
+             has_aux: bool = False) -> tuple[list[str], list[str]]:
     """Graph input and output names of a decoder with ``num_layers`` layers."""
+    features = (["hidden"] if has_hidden else []) + (["aux_hidden"] if has_aux else [])
     if kv_layout == "in_place":
         inputs = ["input_ids", "position_ids", "attention_mask", "seqlens_k", "total_sequence_length",
                   *past_names(num_layers)]
-        outputs = ["logits", *present_names(num_layers)] + (["hidden"] if has_hidden else [])
-        return inputs, outputs
+        return inputs, ["logits", *present_names(num_layers), *features]
     inputs = ["input_ids", "position_ids", "attention_mask", *past_names(num_layers)]
-    outputs = ["logits", *new_names(num_layers)] + (["hidden"] if has_hidden else [])
-    return inputs, outputs
+    return inputs, ["logits", *new_names(num_layers), *features]
 
 
 def batch_mask(lengths: np.ndarray, q: int, blocks=None, past_visible: np.ndarray | None = None,

@@ -47,6 +47,7 @@ class GraphSpec:
     kv_layout: str = "time_major"  # "time_major" (traced graph) | "in_place" (fused graph): contract.py
     quantize: str | None = None  # weight quantization of the graph's MatMuls: None | "int8" | "int4"
     sliding_window: int | None = None  # every layer attends to the last `sliding_window` positions only (Mistral)
+    aux_hidden_layers: tuple | None = None  # layers whose input hidden states form `aux_hidden` (EAGLE-3); None: no output
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class EagleSpec:
     tree: dict  # dynamic draft tree defaults: {"nodes" (root incl. = tree_verify shape), "depth", "topk"}
     inputs: list  # [{"name": "input_ids", ...}, {"name": "hidden", ...}, ...]
     outputs: list  # [{"name": "logits", ...}, ..., {"name": "next_hidden", ...}]
+    version: int = 1  # 1: EAGLE-1 head on the target's `hidden`; 3: EAGLE-3 head on the fused `aux_hidden`
+    fc_file: str | None = None  # version 3: the fc graph (aux_hidden [B, Q, 3H] -> hidden [B, Q, H]), engine-dir relative
+    aux_hidden_layers: list | None = None  # version 3: the target layers it fuses (= models.target.aux_hidden_layers)
+    draft_vocab_size: int | None = None  # version 3: the head's own vocabulary (logits are mapped to the target's)
 
 
 @dataclass(frozen=True)
@@ -117,18 +122,30 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      inputs=_require(m, "inputs", where), outputs=_require(m, "outputs", where),
                      vocab_sha256=_require(m, "vocab_sha256", where),
                      kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
-                     sliding_window=m.get("sliding_window"))
+                     sliding_window=m.get("sliding_window"), aux_hidden_layers=_aux_layers(m, geo.num_layers, where))
     if not (root / spec.file).is_file():
         raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
     if spec.dtype not in ("fp32", "fp16"):
         raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
     if spec.kv_layout not in KV_LAYOUTS:
         raise EngineError(f"manifest.json: {where}kv_layout must be one of {list(KV_LAYOUTS)}, got {spec.kv_layout!r}")
-    want_in, want_out = io_names(geo.num_layers, spec.has_hidden, spec.kv_layout)
+    want_in, want_out = io_names(geo.num_layers, spec.has_hidden, spec.kv_layout, spec.aux_hidden_layers is not None)
     if [i["name"] for i in spec.inputs] != want_in or [o["name"] for o in spec.outputs] != want_out:
         raise EngineError(f"manifest.json: {where}inputs/outputs do not match the graph contract for "
                           f"{geo.num_layers} layers (see docs/engine-format.md)")
     return spec
+
+
+def _aux_layers(m: dict, num_layers: int, where: str) -> tuple | None:
+    """``aux_hidden_layers``: absent, or a non-empty list of layer indices in [0, num_layers)."""
+    layers = m.get("aux_hidden_layers")
+    if layers is None:
+        return None
+    if (not isinstance(layers, list) or not layers
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers for i in layers)):
+        raise EngineError(f"manifest.json: {where}aux_hidden_layers must be a non-empty list of layer indices "
+                          f"in 0..{num_layers - 1}, got {layers!r}")
+    return tuple(layers)
 
 
 def load_manifest(engine_dir: str | Path) -> Manifest:
@@ -181,11 +198,21 @@ def _medusa(root: Path, m: dict, target: GraphSpec) -> MedusaSpec:
 
 def _eagle(root: Path, m: dict, target: GraphSpec) -> EagleSpec:
     """Validate the optional ``eagle`` section against the target graph it reads from."""
-    spec = EagleSpec(**{f.name: _require(m, f.name, "eagle.") for f in fields(EagleSpec)})
+    optional = {"version", "fc_file", "aux_hidden_layers", "draft_vocab_size"}
+    spec = EagleSpec(**{f.name: _require(m, f.name, "eagle.") for f in fields(EagleSpec) if f.name not in optional},
+                     **{k: m[k] for k in optional if k in m})
     _check_head_section(root, spec, target, "eagle", "EAGLE head", plural=False)
     for key in ("depth", "topk"):
         if int(_require(spec.tree, key, "eagle.tree.")) < 1:
             raise EngineError(f"manifest.json: eagle.tree.{key} must be >= 1")
+    if spec.version not in (1, 3):
+        raise EngineError(f"manifest.json: eagle.version must be 1 or 3, got {spec.version!r}")
+    if spec.version == 3:
+        if not spec.fc_file or not (root / spec.fc_file).is_file():
+            raise EngineError(f"engine dir {root}: the EAGLE-3 fc graph file {spec.fc_file!r} is missing")
+        if target.aux_hidden_layers is None or list(target.aux_hidden_layers) != list(spec.aux_hidden_layers or []):
+            raise EngineError(f"manifest.json: the EAGLE-3 head fuses layers {spec.aux_hidden_layers} but the target "
+                              f"outputs aux_hidden of layers {target.aux_hidden_layers}")
     return spec
 
 

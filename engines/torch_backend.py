@@ -119,7 +119,7 @@ class TorchCore:
         self.dtype = compute_dtype(dtype, entry)
         self.model = load_model(Path(weights_dir), self.device, self.dtype)
         with_hidden = bool(entry.get("has_hidden", False)) if with_hidden is None else with_hidden
-        self.wrapper = DecoderWrapper(self.model, with_hidden=with_hidden)
+        self.wrapper = DecoderWrapper(self.model, with_hidden=with_hidden, aux_layers=entry.get("aux_hidden_layers"))
         self.with_hidden = with_hidden
         self.num_layers = self.wrapper.num_layers
 
@@ -162,7 +162,8 @@ class TorchEngine:
         self.core = TorchCore(weights, device, dtype, with_hidden, entry)
         self.torch = torch
         self.device, self.dtype = self.core.device, self.core.dtype
-        self.input_names, self.output_names = io_names(self.core.num_layers, self.core.with_hidden)
+        self.input_names, self.output_names = io_names(self.core.num_layers, self.core.with_hidden,
+                                                       has_aux=self.core.wrapper.aux_layers is not None)
         self.path = Path(path)
 
     def _tensor(self, name: str, a: np.ndarray):

@@ -16,6 +16,7 @@ Graph contract (names are the manifest's; B batch, Q new tokens, P past tokens):
     new_key.{i}     float  [Q, B, Hkv, D]   only the Q new positions: the runtime owns the cache
     new_value.{i}   float  [Q, B, Hkv, D]
     hidden          float  [B, Q, H]        (optional) last hidden state, after the final norm
+    aux_hidden      float  [B, Q, k*H]      (optional) hidden states entering layers ``aux_layers`` (EAGLE-3)
 
 K/V are time-major so that the runtime's preallocated cache [max_len, B, Hkv, D] yields the
 past as a contiguous prefix view (no copy per step, for any batch size). Measured on the demo
@@ -72,11 +73,12 @@ def check_architecture_name(arch: str) -> str:
 class DecoderWrapper(torch.nn.Module):
     """Flat-tensor interface over a HF causal LM (see the module docstring for shapes)."""
 
-    def __init__(self, model, with_hidden: bool = False):
+    def __init__(self, model, with_hidden: bool = False, aux_layers=None):
         super().__init__()
         check_architecture(model)
         self.model = model.eval()
         self.with_hidden = with_hidden
+        self.aux_layers = tuple(aux_layers) if aux_layers else None  # HF hidden_states indices: 0 = embeddings
         self.num_layers = model.config.get_text_config().num_hidden_layers
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
@@ -92,7 +94,7 @@ class DecoderWrapper(torch.nn.Module):
             attention_mask=attention_mask,
             cache=cache,
             use_cache=True,
-            output_hidden_states=self.with_hidden,
+            output_hidden_states=self.with_hidden or self.aux_layers is not None,
         )
         new = []
         for layer in out.cache.layers:
@@ -101,6 +103,8 @@ class DecoderWrapper(torch.nn.Module):
         result = [out.logits.float(), *new]
         if self.with_hidden:
             result.append(out.hidden_states[-1])
+        if self.aux_layers is not None:
+            result.append(torch.cat([out.hidden_states[i] for i in self.aux_layers], -1))
         return tuple(result)
 
 

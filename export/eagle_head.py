@@ -107,13 +107,14 @@ def _rotate_half(x):
 class Attention(torch.nn.Module):
     """Llama self-attention (parameter names as HF's LlamaAttention) over a time-major past."""
 
-    def __init__(self, cfg: EagleConfig):
+    def __init__(self, cfg: EagleConfig, width_in: int = 0):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
+        w = width_in or h  # q/k/v input width (EAGLE-3's layer reads [embedding ; feature]: 2H)
         self.nh, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = torch.nn.Linear(h, self.nh * d, bias=False)
-        self.k_proj = torch.nn.Linear(h, self.nkv * d, bias=False)
-        self.v_proj = torch.nn.Linear(h, self.nkv * d, bias=False)
+        self.q_proj = torch.nn.Linear(w, self.nh * d, bias=False)
+        self.k_proj = torch.nn.Linear(w, self.nkv * d, bias=False)
+        self.v_proj = torch.nn.Linear(w, self.nkv * d, bias=False)
         self.o_proj = torch.nn.Linear(self.nh * d, h, bias=False)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))  # [D/2]
         self.register_buffer("inv_freq", inv, persistent=False)

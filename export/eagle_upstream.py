@@ -30,9 +30,11 @@ def _config(head_dir) -> dict | None:
 
 def is_upstream_eagle(head_dir) -> bool:
     """A SafeAILab head dir: a Llama-style config (not specrt's format) beside one of their weight files."""
+    from .eagle3_upstream import upstream_kind
+
     raw = _config(head_dir)
     return (raw is not None and raw.get("format") is None and "hidden_size" in raw
-            and any((Path(head_dir) / f).is_file() for f in WEIGHT_FILES))
+            and any((Path(head_dir) / f).is_file() for f in WEIGHT_FILES) and upstream_kind(head_dir) is None)
 
 
 def read_upstream_config(head_dir):

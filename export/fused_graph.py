@@ -90,8 +90,9 @@ class _Graph:
         return y
 
 
-def build_fused_graph(model, max_len: int, with_hidden: bool = False):
-    """The fused graph of a Llama-family HF model as an ``onnx.ModelProto`` (see the module docstring)."""
+def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers=None):
+    """The fused graph of a Llama-family HF model as an ``onnx.ModelProto`` (see the module docstring);
+    ``aux_layers``: also output ``aux_hidden``, the residual stream entering those layers, concatenated."""
     from onnx import TensorProto, helper
 
     cfg = model.config
@@ -106,6 +107,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False):
     g.weight("sin_cache", sin)
     x = g.node("Gather", [g.weight("embed", model.model.embed_tokens.weight), "input_ids"], ["embedded"])
     resid, branch = x, None  # the residual stream, and the branch still to be added to it
+    layer_inputs = {0: x}  # layer i -> the graph value of the hidden state entering it
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         ln1 = g.weight(f"l{i}.ln1", layer.input_layernorm.weight)
@@ -115,7 +117,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False):
         else:
             normed = g.node("SkipSimplifiedLayerNormalization", [resid, branch, ln1], [f"l{i}.n1", "", "", f"l{i}.r1"],
                             ms=True, epsilon=eps)
-            resid = f"l{i}.r1"
+            resid = layer_inputs[i] = f"l{i}.r1"
         packed = torch.nn.Linear(1, 1)  # q, k and v as one projection
         packed.weight = torch.nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
         packed.bias = (None if attn.q_proj.bias is None else
@@ -139,14 +141,17 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False):
     hidden = g.node("SkipSimplifiedLayerNormalization", [resid, branch, g.weight("norm", model.model.norm.weight)],
                     ["hidden" if with_hidden else "final", "", "", ""], ms=True, epsilon=eps)
     g.linear(hidden, model.get_output_embeddings(), "lm_head", "logits")
+    if aux_layers:
+        g.node("Concat", [layer_inputs[i] for i in aux_layers], ["aux_hidden"], axis=-1)
 
-    inputs, outputs = io_names(n_layers, with_hidden, "in_place")
+    inputs, outputs = io_names(n_layers, with_hidden, "in_place", bool(aux_layers))
     f32, i64, i32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
     in_types = {"input_ids": (i64, ["batch", "query"]), "position_ids": (i64, ["batch", "query"]),
                 "attention_mask": (f32, ["batch", 1, "query", "total"]), "seqlens_k": (i32, ["batch"]),
                 "total_sequence_length": (i32, [])}
     kv = (f32, ["batch", kv_heads, "max_len", head_dim])
-    out_types = {"logits": (f32, ["batch", "query", cfg.vocab_size]), "hidden": (f32, ["batch", "query", cfg.hidden_size])}
+    out_types = {"logits": (f32, ["batch", "query", cfg.vocab_size]), "hidden": (f32, ["batch", "query", cfg.hidden_size]),
+                 "aux_hidden": (f32, ["batch", "query", len(aux_layers or ()) * cfg.hidden_size])}
     value_info = [helper.make_tensor_value_info(n, *in_types.get(n, kv)) for n in inputs]
     graph = helper.make_graph(g.nodes, "specrt_fused_decoder", value_info,
                               [helper.make_tensor_value_info(n, *out_types.get(n, kv)) for n in outputs], g.inits)
@@ -161,7 +166,7 @@ def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = n
     The time-major past [P, 1, Hkv, D] goes into head-major buffers of ``max_len`` entries whose
     stale part is filled with ``stale`` (NaN: a stale entry that leaked into a result would show);
     returns the traced graph's outputs: logits, the new K/V read back from the buffers at [P, P+Q)
-    as [Q, 1, Hkv, D], and hidden where the graph has it.
+    as [Q, 1, Hkv, D], and hidden / aux_hidden where the graph has them.
     """
     from ..engines.ort import Binding
 
@@ -181,4 +186,4 @@ def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = n
             binding.output(meta.name, (1, q, meta.shape[-1]))
     outs = binding.run()
     new = [buf[0, :, p:p + q].transpose(1, 0, 2)[:, None] for buf in caches]  # [Q, 1, Hkv, D]
-    return [outs["logits"], *new] + ([outs["hidden"]] if "hidden" in outs else [])
+    return [outs["logits"], *new] + [outs[n] for n in ("hidden", "aux_hidden") if n in outs]

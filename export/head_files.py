@@ -12,7 +12,8 @@ def write_head_dir(out: str | Path, state: dict, cfg, fmt: str, dtype, extra: di
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to(dtype).contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    state = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state.items()}  # ids stay ints
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
     config = {"format": fmt, **asdict(cfg), "dtype": str(dtype).replace("torch.", ""), **(extra or {})}
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out

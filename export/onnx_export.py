@@ -47,6 +47,7 @@ class ExportConfig:
     prefill_chunk: int = 128  # prompt tokens per prefill call
     opset: int = 17  # ONNX opset for the (TorchScript-based) exporter
     with_hidden: bool = False  # also output the last hidden state (Medusa/EAGLE heads need it)
+    aux_layers: tuple | None = None  # also output `aux_hidden`: the hidden states entering these layers (EAGLE-3)
     tree_mask: object = None  # bool [N, N] of an exported tree: adds a parity case at the tree-verify shape
     torch_weights: bool = False  # also save each model's HF weights (safetensors) to torch/<role>/ for the torch backend
     graph: str = "auto"  # "fused" (ORT fused ops, KV written in place) | "traced" (torch.onnx) | "auto": fused if possible
@@ -130,8 +131,8 @@ def check_parity(run, cases: dict, geo, dtype: str, tolerance: float) -> dict:
         got = run(feeds)
         diffs = [float(np.abs(g.astype(np.float32) - r).max()) for g, r in zip(got, ref)]
         report[name] = {"logits": diffs[0], "kv": max(diffs[1:1 + 2 * geo.num_layers])}
-        if len(ref) > 1 + 2 * geo.num_layers:
-            report[name]["hidden"] = diffs[-1]
+        if len(ref) > 1 + 2 * geo.num_layers:  # the feature outputs (hidden, aux_hidden)
+            report[name]["hidden"] = max(diffs[1 + 2 * geo.num_layers:])
         report[name]["argmax_agreement"] = float((got[0].argmax(-1) == ref[0].argmax(-1)).mean())
         worst = max(v for k, v in report[name].items() if k != "argmax_agreement")
         if worst > tolerance:
@@ -177,7 +178,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     from .fused_graph import build_fused_graph, run_in_place
 
     geo = geometry(model)
-    wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden)
+    wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden, aux_layers=cfg.aux_layers)
     window = sliding_window(model.config, cfg.max_len)
     layout = choose_kv_layout(model, cfg)
     cases = parity_cases(wrapper, geo, cfg)
@@ -187,7 +188,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     if layout == "in_place":
         import onnx
 
-        proto = build_fused_graph(model, cfg.max_len, cfg.with_hidden)
+        proto = build_fused_graph(model, cfg.max_len, cfg.with_hidden, cfg.aux_layers)
         onnx.save(proto, str(path), save_as_external_data=big, location=path.name + ".data")
     else:
         trace_graph(wrapper, geo, path, cfg, big)
@@ -210,8 +211,9 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
             raise ExportError(str(e)) from None
         # against the fp32 model: the quantized model is a (slightly) different one
         report = check_parity(run(OrtEngine(path)), cases, geo, cfg.quantize, QUANT_TOLERANCE[cfg.quantize])
-    in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden)
+    in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden, cfg.aux_layers)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
+            **({"aux_hidden_layers": list(cfg.aux_layers)} if cfg.aux_layers else {}),
             "kv_layout": layout, "quantize": cfg.quantize, **entry,
             **({"sliding_window": window} if window is not None else {}),
             "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
@@ -221,14 +223,13 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
 
 def trace_graph(wrapper, geo, path: Path, cfg: ExportConfig, big: bool) -> None:
     """The time-major graph, traced from the torch wrapper by torch.onnx."""
-    inputs, outputs = io_names(geo.num_layers, cfg.with_hidden)
+    inputs, outputs = io_names(geo.num_layers, cfg.with_hidden, has_aux=bool(cfg.aux_layers))
     example = random_feeds(geo, TORCH_DTYPES[cfg.dtype], past_len=3, q=2)
     axes = {"input_ids": {0: "batch", 1: "query"}, "position_ids": {0: "batch", 1: "query"},
             "attention_mask": {0: "batch", 2: "query", 3: "total"}, "logits": {0: "batch", 1: "query"}}
     axes.update({n: {0: "past", 1: "batch"} for n in inputs[3:]})
     axes.update({n: {0: "query", 1: "batch"} for n in outputs[1 : 1 + 2 * geo.num_layers]})
-    if cfg.with_hidden:
-        axes["hidden"] = {0: "batch", 1: "query"}
+    axes.update({n: {0: "batch", 1: "query"} for n in outputs[1 + 2 * geo.num_layers:]})  # hidden, aux_hidden
     with torch.no_grad():
         torch.onnx.export(wrapper, tuple(example), str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=axes, opset_version=cfg.opset, dynamo=False)
@@ -239,9 +240,9 @@ def trace_graph(wrapper, geo, path: Path, cfg: ExportConfig, big: bool) -> None:
         onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data")
 
 
-def io_specs(geo, layout: str, dtype: str, with_hidden: bool) -> tuple[list, list]:
+def io_specs(geo, layout: str, dtype: str, with_hidden: bool, aux_layers=None) -> tuple[list, list]:
     """The manifest's inputs/outputs lists ({"name", "dtype", "shape"}) of a graph (docs/engine-format.md)."""
-    inputs, outputs = io_names(geo.num_layers, with_hidden, layout)
+    inputs, outputs = io_names(geo.num_layers, with_hidden, layout, bool(aux_layers))
     kv = "float16" if dtype == "fp16" else "float32"
     kv_shape = (["batch", geo.num_kv_heads, "max_len", geo.head_dim] if layout == "in_place"
                 else ["past", "batch", geo.num_kv_heads, geo.head_dim])
@@ -254,6 +255,8 @@ def io_specs(geo, layout: str, dtype: str, with_hidden: bool) -> tuple[list, lis
     out_specs += [{"name": n, "dtype": kv, "shape": new_shape} for n in outputs[1:1 + 2 * geo.num_layers]]
     if with_hidden:
         out_specs.append({"name": "hidden", "dtype": kv, "shape": ["batch", "query", geo.hidden_size]})
+    if aux_layers:
+        out_specs.append({"name": "aux_hidden", "dtype": kv, "shape": ["batch", "query", len(aux_layers) * geo.hidden_size]})
     return in_specs, out_specs
 
 
@@ -281,7 +284,9 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     With ``eagle_dir`` (a head dir from `specrt train eagle`) and ``eagle_tree`` ({"nodes", "depth",
     "topk"}: the dynamic draft tree's node budget incl. the root, depth and branching), the target
     also outputs ``hidden``, gets the tree-verify shape Q = nodes, and the head is exported as
-    ``eagle.onnx`` (export/eagle_head.py). Medusa and EAGLE are exclusive (one tree-verify shape).
+    ``eagle.onnx`` (export/eagle_head.py); an EAGLE-3 head (export/eagle3_head.py) makes the target output
+    ``aux_hidden`` of the head's layers instead and adds ``eagle_fc.onnx``. Medusa and EAGLE are exclusive
+    (one tree-verify shape).
     """
     cfg = cfg or ExportConfig()
     if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
@@ -372,7 +377,10 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
     if eagle_dir and medusa_dir:
         raise ExportError("export either --medusa or --eagle, not both (they share the tree-verify shape)")
     heads_cfg = _check_medusa(medusa_dir, tree) if medusa_dir else None
-    eagle_tree = _check_eagle_tree(eagle_tree) if eagle_dir else None
+    if eagle_dir:
+        from .eagle_export import check_eagle_tree, export_eagle
+
+        eagle_tree = check_eagle_tree(eagle_tree)
     models, eos = {}, []
     roles = [("target", target_dir)] + ([("draft", Path(draft_dir))] if draft_dir else [])
     for role, src in roles:
@@ -397,17 +405,9 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
                 raise ExportError(f"{e} (target {target_dir})") from None
             role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
         if role == "target" and eagle_dir:
-            from ..trees import compile_tree
-            from .eagle_head import EagleError, check_head_match, read_head_config
+            from .eagle_export import eagle_target_config
 
-            geo = geometry(model)
-            try:  # refuse a head for another target before the long export
-                check_head_match(read_head_config(eagle_dir)[0], geo.hidden_size, geo.vocab_size, target_vocab,
-                                 where=f"EAGLE head {eagle_dir}")
-            except EagleError as e:
-                raise ExportError(f"{e} (target {target_dir})") from None
-            chain = compile_tree([[0] * d for d in range(1, eagle_tree["nodes"])])  # parity case at Q = nodes
-            role_cfg = replace(cfg, with_hidden=True, tree_mask=chain.mask)
+            role_cfg = eagle_target_config(eagle_dir, eagle_tree, model, target_vocab, target_dir, cfg)
         log(f"exporting {role} {type(model).__name__} from {src} ...")
         entry = export_graph(model, out / f"{role}.onnx", role_cfg)
         if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
@@ -430,7 +430,7 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
             f" (tolerance {entry['tolerance']:.0e})")
         del model
     medusa = _export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
-    eagle = _export_eagle(eagle_dir, eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None
+    eagle = export_eagle(eagle_dir, eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None
     manifest = {
         "format": FORMAT, "schema_version": SCHEMA_VERSION, "specrt_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -476,25 +476,3 @@ def _export_medusa(medusa_dir, tree, out: Path, cfg: ExportConfig, log) -> dict:
     log(f"  medusa: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
     return {**section, "tree": tree.to_json(), "source": str(Path(medusa_dir).resolve()),
             "trained_heads": heads.cfg.num_heads, "accuracy": raw.get("accuracy")}
-
-
-def _check_eagle_tree(eagle_tree) -> dict:
-    t = {"nodes": 32, "depth": 5, "topk": 8, **(eagle_tree or {})}
-    if not all(isinstance(t[k], int) and t[k] >= 1 for k in ("nodes", "depth", "topk")) or t["nodes"] < 2:
-        raise ExportError(f"EAGLE tree needs integers nodes >= 2, depth >= 1, topk >= 1; got {t}")
-    return {k: t[k] for k in ("nodes", "depth", "topk")}
-
-
-def _export_eagle(eagle_dir, eagle_tree: dict, target_dir, target_vocab: str, out: Path, cfg: ExportConfig, log) -> dict:
-    """Export the EAGLE head beside the target; returns the manifest's ``eagle`` section."""
-    from .eagle_head import EagleError, export_head_graph, load_head
-
-    model = load_hf(target_dir).float()
-    try:
-        head, raw = load_head(eagle_dir, model)
-        log(f"exporting EAGLE head from {eagle_dir} (dynamic tree: {eagle_tree}) ...")
-        section = export_head_graph(head, out / "eagle.onnx", cfg.dtype, cfg.opset)
-    except EagleError as e:
-        raise ExportError(str(e)) from None
-    log(f"  eagle: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
-    return {**section, "tree": eagle_tree, "source": str(Path(eagle_dir).resolve()), "accuracy": raw.get("accuracy")}

@@ -159,7 +159,7 @@ class DecodeCore:
             raise ValueError(f"prompt length {len(ids)} outside 1..{self.max_len - 1}")
         rows = [self._new_row(r, len(self.rows) + i) for i, r in enumerate(requests)]
         self.target.release(rows[0].slot)
-        logits, hidden = self.target.prefill(rows[0].slot, ids)  # [V], [P, H] | None
+        logits, hidden = self.target.prefill(rows[0].slot, ids, self.proposer.feature)  # [V], [P, F] | None
         rows[0].counts.target_passes += self.target.prefill_calls(len(ids))
         updates = []
         for row in rows:
@@ -235,7 +235,7 @@ class DecodeCore:
         self.target.commit(out, keeps)
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
         if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
-            hidden = out.outputs["hidden"]  # [B, Q, H]
+            hidden = out.outputs[self.proposer.feature]  # [B, Q, F]: "hidden" (H) or EAGLE-3's "aux_hidden" (3H)
             for b, (row, update) in enumerate(zip(rows, updates)):
                 if not update.finish_reason:
                     proposer_s += self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])[1]

@@ -148,6 +148,8 @@ def load_device_runtime(engine_dir, device: str = "cuda", dtype: str | None = No
         models[role] = Graph(dm, spec)
     tok = Tokenizer.from_file(str(m.tokenizer_dir / "tokenizer.json"))
     heads = {name: OrtEngine(m.root / getattr(m, name).file) for name in ("medusa", "eagle") if getattr(m, name)}
+    if m.eagle and m.eagle.fc_file:
+        heads["eagle_fc"] = OrtEngine(m.root / m.eagle.fc_file)
     return Runtime(m, models["target"], models.get("draft"), tok,
                    runner_factory=lambda graph, max_batch, on_call: DeviceRunner(graph.engine, graph.spec, max_batch,
                                                                                  on_call), **heads)

@@ -28,7 +28,8 @@ class InPlaceRunner(Runner):
     """One fused graph on ONNX Runtime's CPU provider and the in-place cache of ``max_batch`` slots."""
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
-                 hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None):
+                 hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
+                 aux_size: int | None = None):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
@@ -36,6 +37,7 @@ class InPlaceRunner(Runner):
         self.dtype = np.float32
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
+        self.features = {n: w for n, w in (("hidden", hidden_size), ("aux_hidden", aux_size)) if w}  # output -> width
         self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len, head_dim), dtype=np.float32)
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
@@ -48,8 +50,10 @@ class InPlaceRunner(Runner):
     @classmethod
     def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "InPlaceRunner":
         g = spec.geometry
+        aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
-                   g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call)
+                   g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
+                   aux)
 
     def binding(self, first: int, rows: int) -> Binding:
         """The binding whose cache inputs/outputs are slots [first, first + rows) (made once)."""
@@ -76,7 +80,7 @@ class InPlaceRunner(Runner):
             return self._timed(lambda: self._decode_one(int(slots[0]), int(ids[0, 0]), lengths), 1, 1, record)
         positions = self.positions(lengths, q, depths, positions)
         logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
-        hidden = None if self.hidden_size is None else np.zeros((r, q, self.hidden_size), dtype=np.float32)
+        feats = {n: np.zeros((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
         if q == 1 and r > 1:
             groups = consecutive_runs(slots)
         else:
@@ -84,10 +88,10 @@ class InPlaceRunner(Runner):
 
         def run_groups():
             for rows in groups:
-                self._run(rows, slots, ids, lengths, positions, blocks, logits, hidden)
+                self._run(rows, slots, ids, lengths, positions, blocks, logits, feats)
 
         self._timed(run_groups, r, q, record)
-        return Pass(slots, logits, {"logits": logits, **({"hidden": hidden} if hidden is not None else {})}, lengths)
+        return Pass(slots, logits, {"logits": logits, **feats}, lengths)
 
     def _decode_one(self, slot: int, token: int, lengths: np.ndarray) -> Pass:
         """One token after slot ``slot``'s entries, through arrays bound once: per call only the mask
@@ -107,14 +111,13 @@ class InPlaceRunner(Runner):
             b.decode_fed = f
         b.binding.bind_cpu_input("attention_mask", f["mask"][..., : n + 1])  # (f keeps the base array alive)
         logits = b.output("logits", (1, 1, self.vocab_size))
-        hidden = None if self.hidden_size is None else b.output("hidden", (1, 1, self.hidden_size))
+        feats = {n: b.output(n, (1, 1, w)) for n, w in self.features.items()}
         b.run()
-        outputs = {"logits": logits.copy()}  # copied out: the next call rewrites the bound buffers
-        if hidden is not None:
-            outputs["hidden"] = hidden.copy()
+        outputs = {"logits": logits.copy(), **{n: f.copy() for n, f in feats.items()}}  # copied out: the next
+        # call rewrites the bound buffers
         return Pass(np.array([slot]), outputs["logits"], outputs, lengths)
 
-    def _run(self, rows, slots, ids, lengths, positions, blocks, logits, hidden) -> None:
+    def _run(self, rows, slots, ids, lengths, positions, blocks, logits, feats) -> None:
         """One graph call over ``rows`` (indices into the pass; their slots are consecutive)."""
         q = ids.shape[1]
         lens = lengths[rows]
@@ -132,11 +135,11 @@ class InPlaceRunner(Runner):
         b.inputs(input_ids=ids[rows, :n], position_ids=positions[rows, :n], attention_mask=mask,
                  seqlens_k=(lens + n - 1).astype(np.int32), total_sequence_length=np.array(total, dtype=np.int32))
         out_logits = b.output("logits", (len(rows), n, self.vocab_size))
-        out_hidden = None if hidden is None else b.output("hidden", (len(rows), n, self.hidden_size))
+        out_feats = {name: b.output(name, (len(rows), n, f.shape[-1])) for name, f in feats.items()}
         b.run()
         logits[rows, :n] = out_logits  # copied out: the next call of this shape rewrites the bound buffers
-        if hidden is not None:
-            hidden[rows, :n] = out_hidden
+        for name, f in feats.items():
+            f[rows, :n] = out_feats[name]
 
     def commit(self, p: Pass, keep=None) -> None:
         """Make row r's new positions ``keep[r]`` (ascending indices into Q; None: all Q) valid."""

@@ -41,10 +41,11 @@ class Runner:
 
     prefill_chunk = 128  # tokens per prefill call (the graph's exported prefill shape)
 
-    def prefill(self, slot: int, ids) -> tuple[np.ndarray, np.ndarray | None]:
+    def prefill(self, slot: int, ids, feature: str = "hidden") -> tuple[np.ndarray, np.ndarray | None]:
         """Feed a prompt into ``slot`` in chunks of the exported prefill shape.
 
-        Returns (logits [V] of the last position, hidden [P, H] of every position, or None).
+        Returns (logits [V] of the last position, the graph output ``feature`` ("hidden" [P, H],
+        "aux_hidden" [P, 3H]) of every position, or None where the graph has no such output).
         """
         ids = list(ids)
         last, hidden = None, []
@@ -52,8 +53,8 @@ class Runner:
             p = self.forward([slot], [ids[i : i + self.prefill_chunk]], record=False)
             self.commit(p)
             last = p.logits[0, -1]
-            if "hidden" in p.outputs:
-                hidden.append(p.outputs["hidden"][0])
+            if feature in p.outputs:
+                hidden.append(p.outputs[feature][0])
         return last, (np.concatenate(hidden) if hidden else None)
 
     def prefill_calls(self, n_tokens: int) -> int:

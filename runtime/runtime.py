@@ -122,7 +122,7 @@ class Runtime:
     """
 
     def __init__(self, manifest: Manifest, target: Graph, draft: Graph | None, tokenizer, medusa=None, eagle=None,
-                 runner_factory=None):
+                 runner_factory=None, eagle_fc=None):
         self.manifest = manifest
         self.target = target
         self.draft = draft
@@ -134,6 +134,7 @@ class Runtime:
         tree = manifest.medusa.tree if manifest.medusa else None
         self.tree = compile_tree(tree["choices"], tree["name"]) if tree else None  # tree used by method "medusa"
         self.eagle = eagle  # Engine of the EAGLE head graph, if the engine dir has one
+        self.eagle_fc = eagle_fc  # Engine of an EAGLE-3 head's fc graph (aux_hidden -> hidden); None: EAGLE-1
         self.eagle_tree = dict(manifest.eagle.tree) if manifest.eagle else None  # {"nodes", "depth", "topk"}
         self.runner_factory = runner_factory  # (graph, max_batch, on_call) -> runner; None: HostRunner
         self._shared: dict = {}  # role -> (runner, LatencyCurve) at max_batch 1, shared by the batch-1 cores
@@ -167,7 +168,9 @@ class Runtime:
         tok = Tokenizer.from_file(str(m.tokenizer_dir / "tokenizer.json"))
         medusa = open_engine(m.root / m.medusa.file, backend=backend, **engine_options) if m.medusa else None
         eagle = open_engine(m.root / m.eagle.file, backend=backend, **engine_options) if m.eagle else None
-        return cls(m, graphs["target"], graphs.get("draft"), tok, medusa=medusa, eagle=eagle)
+        fc = m.eagle.fc_file if m.eagle else None
+        eagle_fc = open_engine(m.root / fc, backend=backend, **engine_options) if fc else None
+        return cls(m, graphs["target"], graphs.get("draft"), tok, medusa=medusa, eagle=eagle, eagle_fc=eagle_fc)
 
     def use_tree(self, tree) -> None:
         """Use another candidate tree (a default name, a JSON file, a list of paths or a ``Tree``) for
@@ -220,7 +223,7 @@ class Runtime:
 
             spec, t = self.manifest.eagle, self.eagle_tree
             head = head_runner(self.eagle, spec, self.manifest.max_len, t, max_batch)
-            return EagleProposer(head, spec.hidden_size, spec.vocab_size, t["topk"], t["depth"], t["nodes"])
+            return EagleProposer(head, spec.hidden_size, spec.vocab_size, t["topk"], t["depth"], t["nodes"], self.eagle_fc)
         return proposers.NoProposer()
 
     def check_method(self, method: str) -> None:

@@ -108,3 +108,29 @@ def reference_penalize(logits, seq, prompt_len, presence_penalty=0.0, frequency_
     for tok in set(output):
         x[tok] -= frequency_penalty * output.count(tok) + presence_penalty
     return x
+
+
+def assert_head_cache_matches_fresh(rt, prompt, feature: str = "hidden", rows_ahead: int = 12) -> None:
+    """EAGLE: after sampled rounds the head's cache equals the head run afresh on the target's ``feature`` of the
+    emitted tokens (rows 0..L-2, restored after every round; a prompt of two prefill chunks)."""
+    from types import SimpleNamespace
+
+    from specrt.runtime.core import CoreConfig
+    from specrt.runtime.sampling import SamplingParams
+
+    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", gamma=1, calibrate=False))
+    core.add(SequenceRequest("r", prompt, SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)))
+    row, head = core.rows[0], core.proposer.head
+    while len(row.seq) < len(prompt) + rows_ahead:
+        core.step()
+    assert row.counts.rounds >= 2
+    core.proposer._catch_up(row.slot)  # the rows buffered since the last draft
+    n = int(head.lengths[row.slot])
+    assert n == len(row.seq) - 1  # the head holds rows 0..L-2
+    _, feats = fresh_runner(rt.target).prefill(0, row.seq[:n], feature)  # [n, F] true features of rows 0..n-1
+    fresh = rt.proposer("eagle", 1)
+    fresh.start(SimpleNamespace(slot=0, seq=row.seq[: n + 1]), feats)
+    fresh._catch_up(0)
+    assert np.abs(fresh.head.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
+    core.remove("r")
+

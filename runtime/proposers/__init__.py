@@ -4,12 +4,14 @@ Every proposer serves a whole batch (one object for all rows, per-slot state ins
 sized to ``max_batch``) behind the same small interface, which the decode core (runtime/core.py)
 calls in this order for a sequence in cache slot ``row.slot``:
 
-    start(row, hidden)        a new sequence: row.seq = prompt + first token; hidden [P, H] = the
-                              target's features of the prompt positions (None unless needs_hidden)
+    start(row, hidden)        a new sequence: row.seq = prompt + first token; hidden [P, F] = the
+                              target's features of the prompt positions (None unless needs_hidden):
+                              its graph output named by the proposer's ``feature`` ("hidden" [P, H],
+                              or EAGLE-3's "aux_hidden" [P, 3H])
     propose(rows, ks)         -> one ``Proposal`` per row, at most ks[b] tokens (chains) or a tree
                               (tree proposers: ks[b] > 0 means "a tree fits"); ks[b] == 0: empty
     observe(row, new, hidden) proposers with ``needs_hidden`` only, after the target pass:
-                              ``new`` = the tokens the round emitted, hidden [n + 1, H] = the
+                              ``new`` = the tokens the round emitted, hidden [n + 1, F] = the
                               target's features at the root and the accepted nodes (what the
                               next round starts from)
     move(src, dst) / release(slot)    a sequence changed slot / left
@@ -58,6 +60,7 @@ class NoProposer:
     name = "none"
     tree = False  # proposes chains
     needs_hidden = False
+    feature = "hidden"  # the target graph output ``start``/``observe`` receive (with needs_hidden)
     max_nodes = 0  # most tokens one proposal adds to the target pass
     step_seconds = 0.0  # chain proposers: measured seconds per proposed token (a tree's cost: the core measures it)
     passes = 0

@@ -27,6 +27,11 @@ A round:
 Per slot the proposer keeps root_logits, root_feat and its rows in the head's own cache (a
 ``HostRunner`` of ``max_batch`` slots); the rows' trees grow in lockstep, one head call per depth
 for every row (``dynamic_trees``).
+
+EAGLE-3 (export/eagle3_head.py) runs the same way with two differences: the proposer reads the
+target's ``aux_hidden`` output (``feature``), the hidden states of three layers, and the fc graph
+fuses them into the head's input at catch-up (``fc``); root_feat and the draft rows' features are
+the head's own outputs h (its ``next_hidden``), as in EAGLE-1.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...contract import NP_DTYPES
+from ...engines.base import EngineError
 from ...engines.manifest import EagleSpec
 from ..runner import HostRunner
 from ...trees import compile_tree
@@ -113,8 +119,11 @@ class EagleProposer(NoProposer):
     tree_name = "eagle-dynamic"
     passes_name = "head_passes"  # the stats key of ``passes``
 
-    def __init__(self, head: HostRunner, hidden_size: int, vocab_size: int, topk: int, depth: int, nodes: int):
+    def __init__(self, head: HostRunner, hidden_size: int, vocab_size: int, topk: int, depth: int, nodes: int,
+                 fc=None):
         self.head, self.topk, self.depth, self.nodes = head, topk, depth, nodes
+        self.fc = fc  # EAGLE-3: the fc graph's Engine (aux_hidden [1, n, 3H] -> hidden [1, n, H]); None: EAGLE-1
+        self.feature = "aux_hidden" if fc is not None else "hidden"  # the target output start/observe receive
         self.max_nodes = nodes - 1
         slots = head.max_batch
         self.root_logits = np.zeros((slots, vocab_size), dtype=np.float32)  # [slots, V] candidates for the next token
@@ -127,6 +136,9 @@ class EagleProposer(NoProposer):
         return (self.depth - 1) * self.topk
 
     def start(self, row, hidden) -> None:
+        if hidden is None:
+            raise EngineError(f"method eagle: the target runner gives no {self.feature!r} output (the device runner "
+                              "has `hidden` only: run an EAGLE-3 engine on the host runners)")
         self.head.release(row.slot)
         self.pending[row.slot] = [(row.seq[1:], hidden)]  # rows 0..L-2 from the true features f_0..f_{L-2}
 
@@ -138,7 +150,10 @@ class EagleProposer(NoProposer):
         buffered, so steps without a tree (the policy off, no room) cost no head call."""
         rows, self.pending[slot] = self.pending[slot], []
         if rows:
-            self._chain(slot, [t for ids, _ in rows for t in ids], np.concatenate([f for _, f in rows]))
+            feats = np.concatenate([f for _, f in rows])  # [n, H] | EAGLE-3: [n, 3H], fused here
+            if self.fc is not None:
+                feats = self.fc.run({"aux_hidden": feats[None].astype(self.head.dtype)})["hidden"][0]
+            self._chain(slot, [t for ids, _ in rows for t in ids], feats)
 
     def _chain(self, slot: int, ids, feats) -> None:
         """Commit rows at the next positions with causal attention; keeps the last row's outputs."""

@@ -31,7 +31,9 @@ import click
               help="Medusa candidate tree: a default (medusa-8/16/32/64) or a JSON file of paths; "
                    "its node count is the target's tree-verify shape.")
 @click.option("--eagle", "eagle_dir", type=click.Path(exists=True, file_okay=False),
-              help="EAGLE head dir (`specrt train eagle`): exported as eagle.onnx; the target also outputs hidden.")
+              help="EAGLE head dir (`specrt train eagle`; SafeAILab/speculators EAGLE-1/3 dirs too): exported as "
+                   "eagle.onnx; the target also outputs hidden (EAGLE-3, detected from the dir's config: aux_hidden "
+                   "of its three layers, and eagle_fc.onnx).")
 @click.option("--eagle-nodes", default=32, show_default=True, type=click.IntRange(2),
               help="EAGLE dynamic tree: nodes per verify pass, root included (the target's tree-verify shape).")
 @click.option("--eagle-depth", default=5, show_default=True, type=click.IntRange(1), help="EAGLE draft depth.")

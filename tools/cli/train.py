@@ -78,15 +78,26 @@ def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positio
 @train.command()
 @training_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Head dir to write.")
+@click.option("--version", "version", default="1", show_default=True, type=click.Choice(["1", "3"]),
+              help="1: EAGLE-1 head on the last feature; 3: EAGLE-3 head on three fused layers, trained with "
+                   "training-time test.")
 @click.option("--w-cls", default=0.1, show_default=True, type=click.FloatRange(0),
-              help="Weight of the CE term (target's distribution vs lm_head of the predicted feature).")
+              help="Version 1: weight of the CE term (target's distribution vs lm_head of the predicted feature).")
+@click.option("--ttt-steps", default=5, show_default=True, type=click.IntRange(1),
+              help="Version 3: drafting steps unrolled per window (training-time test).")
+@click.option("--draft-vocab", default=0, show_default=True, type=click.IntRange(0),
+              help="Version 3: the head's vocabulary, the most frequent training tokens (0 = the target's).")
 def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, save_every, seed, threads, dtype,
-          resume, force, stop_after):
+          resume, force, stop_after, version="1", ttt_steps=5, draft_vocab=0):
     """Train an EAGLE head (fc + one decoder layer over features and tokens; target frozen)."""
-    run_trainer("eagle", "EagleTrainConfig", dict(steps=steps, batch=batch, seq=seq, lr=lr, w_cls=w_cls,
-                                                  eval_every=eval_every, save_every=save_every, seed=seed,
-                                                  threads=threads, dtype=dtype),
-                target, data, heldout, out, resume, stop_after, force)
+    common = dict(steps=steps, batch=batch, seq=seq, lr=lr, eval_every=eval_every, save_every=save_every, seed=seed,
+                  threads=threads, dtype=dtype)
+    if version == "3":
+        run_trainer("eagle3", "Eagle3TrainConfig", dict(common, ttt_steps=ttt_steps, draft_vocab=draft_vocab),
+                    target, data, heldout, out, resume, stop_after, force)
+        return
+    run_trainer("eagle", "EagleTrainConfig", dict(common, w_cls=w_cls), target, data, heldout, out, resume,
+                stop_after, force)
 
 
 @train.command()

@@ -131,26 +131,40 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
                                      one_step, held_out, resume, stop_after, log, progress)
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     result["heldout_split"] = split
-    done, final = result["finished"], result["accuracy"]
-    if done:
-        extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
-        save_head(head, out, extra=extra, dtype=torch.float16 if cfg.dtype == "fp16" else torch.float32)
-        (out / "training.json").write_text(json.dumps({**result, "history": history}, indent=1))
-        log(f"EAGLE head written to {out}: held-out top-1 {final['top1']} (top-5 {final['top5']})")
+    if result["finished"]:
+        write_finished(out, lambda extra, dtype: save_head(head, out, extra=extra, dtype=dtype), result, history, cfg,
+                       log, "EAGLE head")
     return {**result, "history": history, "head": head}
+
+
+def write_finished(out: Path, save, result: dict, history: list, cfg, log, label: str) -> None:
+    """A finished run's files: the head (``save(extra, dtype)``, its config recording accuracy and training)
+    and training.json with the per-step history."""
+    import torch
+
+    final = result["accuracy"]
+    extra = {"accuracy": final, "training": {k: v for k, v in result.items() if k != "accuracy"}}
+    save(extra, torch.float16 if cfg.dtype == "fp16" else torch.float32)
+    (out / "training.json").write_text(json.dumps({**result, "history": history}, indent=1))
+    log(f"{label} written to {out}: held-out top-1 {final['top1']} (top-5 {final['top5']})")
+
+
+def demo_parser(description: str, steps: int) -> argparse.ArgumentParser:
+    """The options of a demo-target trainer's ``main``: --target, --out, --steps, --threads, --resume."""
+    ap = argparse.ArgumentParser(description=description)
+    here = Path(__file__).resolve().parents[1] / "demo_models"
+    ap.add_argument("--target", type=Path, default=here / "target")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--resume", action="store_true")
+    return ap
 
 
 def main() -> None:
     from .demo import split_corpus
 
-    ap = argparse.ArgumentParser(description="Train an EAGLE head for the demo target on its corpus split.")
-    here = Path(__file__).resolve().parents[1] / "demo_models"
-    ap.add_argument("--target", type=Path, default=here / "target")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=EagleTrainConfig.steps)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--resume", action="store_true")
-    a = ap.parse_args()
+    a = demo_parser("Train an EAGLE head for the demo target on its corpus split.", EagleTrainConfig.steps).parse_args()
     train_files, held = split_corpus()
     cfg = EagleTrainConfig(steps=a.steps, eval_windows=32, eval_every=100, threads=a.threads)
     train(a.target, [str(f) for f in train_files], a.out, cfg, heldout=[str(f) for f in held], resume=a.resume)

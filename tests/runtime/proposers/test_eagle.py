@@ -13,16 +13,14 @@ from specrt.engines import EngineError
 from specrt.export.eagle_head import (EagleConfig, EagleHead, causal_mask, export_head_graph, load_head,
                                       parity_cases, INPUTS)
 from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
-from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers.eagle import dynamic_tree, log_softmax
-from specrt.runtime.sampling import SamplingParams
 from specrt.trees import compile_tree
 from specrt.tools.cli import cli
 from specrt.tools.train.eagle import EagleTrainConfig, train
 from stat_harness import P_MIN, exact_joint, p_values, run_trials, run_trials_batched
 from tiny import EAGLE_TREE as TREE
 from tiny import make_model
-from reference import assert_batched_rows_equal_batch1, fresh_runner
+from reference import assert_batched_rows_equal_batch1, assert_head_cache_matches_fresh, fresh_runner
 
 V = 16
 TRIALS = 2500
@@ -232,22 +230,7 @@ def test_runs_into_max_len(rt):
 
 
 def test_head_cache_matches_fresh_recompute_after_sampled_rounds(rt):
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", gamma=1, calibrate=False))
-    # two prefill chunks: the head's first rows read features from both
-    core.add(SequenceRequest("r", LONG, SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)))
-    row, head = core.rows[0], core.proposer.head
-    while len(row.seq) < len(LONG) + 12:
-        core.step()
-    assert row.counts.rounds >= 2
-    core.proposer._catch_up(row.slot)  # the rows buffered since the last draft
-    n = int(head.lengths[row.slot])
-    assert n == len(row.seq) - 1  # the head holds rows 0..L-2
-    _, feats = fresh_runner(rt.target).prefill(0, row.seq[:n])  # [n, H] true f_0..f_{n-1}
-    fresh = rt.proposer("eagle", 1)
-    fresh.start(SimpleNamespace(slot=0, seq=row.seq[: n + 1]), feats)
-    fresh._catch_up(0)
-    assert np.abs(fresh.head.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
-    core.remove("r")
+    assert_head_cache_matches_fresh(rt, LONG)  # two prefill chunks: the head's first rows read features from both
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.8, "top_p": 0.9}], ids=str)
