@@ -82,15 +82,17 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   while (!done) {  // one round: propose k, verify all of them in ONE target pass, keep the accepted prefix
     const int budget = limit - static_cast<int>(g.tokens.size());
     const int k = budget <= 1 ? 0 : std::max(0, std::min({gamma, budget - 1, target_->room() - 1}));
-    Proposal p;
-    if (k && draft) p = draft->propose(seq, k, s, rng);
+    Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
+    p.tokens.clear();
+    p.q.clear();
+    if (k && draft) draft->propose(seq, k, s, rng, p);
     if (k && method == "ngram") {
       ngram.extend(seq);
       p.tokens = ngram.propose(k);
     }
-    std::vector<int64_t> ids = {seq.back()};
-    ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
-    logits = target_->forward(ids.data(), static_cast<int>(ids.size()));
+    ids_.assign(1, seq.back());
+    ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
+    logits = target_->forward(ids_.data(), static_cast<int>(ids_.size()));
     const Verdict v = s.greedy() ? verify_greedy(p.tokens, logits, vocab)
                                  : verify_sampled(p.tokens, p.q, logits, vocab, s, rng, scratch_p_);
     target_->commit(v.accepted + 1);  // the last token and the accepted proposals

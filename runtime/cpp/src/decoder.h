@@ -56,7 +56,9 @@ class Engine {
 
   Manifest manifest_;
   std::unique_ptr<Graph> target_, draft_;
-  std::vector<double> scratch_p_, scratch_row_;
+  std::vector<double> scratch_p_, scratch_row_;  // sampling buffers, reused across calls
+  Proposal proposal_;                            // the round's proposal, reused
+  std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
 };
 
 }  // namespace specrt::impl

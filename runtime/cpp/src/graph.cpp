@@ -41,10 +41,26 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   }
   input_names_ = contract_inputs(spec.num_layers, spec.kv_layout);
   output_names_ = contract_outputs(spec.num_layers, false, spec.kv_layout);  // `hidden` is not fetched
+  for (const auto &n : input_names_) input_ptrs_.push_back(n.c_str());
+  for (const auto &n : output_names_) output_ptrs_.push_back(n.c_str());
   check_inputs();
   memory_ = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
   entry_bytes_ = static_cast<size_t>(spec.num_kv_heads) * spec.head_dim * elem_;
   planes_.assign(2 * spec.num_layers, std::vector<uint8_t>(entry_bytes_ * max_len));
+  const size_t small = in_place_ ? 5 : 3;  // ids, positions, mask (+ seqlens_k, total_sequence_length)
+  inputs_.resize(small);
+  outputs_.resize(1);  // logits
+  if (in_place_) {  // the whole buffer, bound as past and as present once: the graph writes its new entries in place
+    const int64_t shape[] = {1, spec.num_kv_heads, max_len, spec.head_dim};
+    const auto type = elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    for (auto &plane : planes_) {
+      inputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, type));
+      outputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, type));
+    }
+  } else {
+    inputs_.resize(small + planes_.size());
+    outputs_.resize(1 + planes_.size());
+  }
 }
 
 void Graph::check_inputs() const {
@@ -104,35 +120,28 @@ const float *Graph::forward(const int64_t *ids, int q) {
   build_mask(q);
   logits_.resize(static_cast<size_t>(q) * V);
   const int64_t ids_shape[] = {1, q}, mask_shape[] = {1, 1, q, L + q}, logits_shape[] = {1, q, V}, one[] = {1};
-  const int64_t hkv = spec_.num_kv_heads, d = spec_.head_dim;
-  int32_t seqlens_k = L + q - 1, total = L + q;
-  std::vector<Ort::Value> inputs, outputs;
-  inputs.push_back(Ort::Value::CreateTensor<int64_t>(memory_, const_cast<int64_t *>(ids), q, ids_shape, 2));
-  inputs.push_back(Ort::Value::CreateTensor<int64_t>(memory_, positions_.data(), q, ids_shape, 2));
-  inputs.push_back(Ort::Value::CreateTensor(memory_, mask_.data(), mask_.size(), mask_shape, 4, kv_type));
-  outputs.push_back(Ort::Value::CreateTensor<float>(memory_, logits_.data(), logits_.size(), logits_shape, 3));
+  seqlens_k_ = L + q - 1;
+  total_ = L + q;
+  inputs_[0] = Ort::Value::CreateTensor<int64_t>(memory_, const_cast<int64_t *>(ids), q, ids_shape, 2);
+  inputs_[1] = Ort::Value::CreateTensor<int64_t>(memory_, positions_.data(), q, ids_shape, 2);
+  inputs_[2] = Ort::Value::CreateTensor(memory_, mask_.data(), mask_.size(), mask_shape, 4, kv_type);
+  outputs_[0] = Ort::Value::CreateTensor<float>(memory_, logits_.data(), logits_.size(), logits_shape, 3);
   if (in_place_) {
-    inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, &seqlens_k, 1, one, 1));
-    inputs.push_back(Ort::Value::CreateTensor<int32_t>(memory_, &total, 1, one, 0));
-    const int64_t shape[] = {1, hkv, max_len_, d};  // the whole buffer, bound as past and as present
-    for (auto &plane : planes_) {
-      inputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type));
-      outputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type));
-    }
+    inputs_[3] = Ort::Value::CreateTensor<int32_t>(memory_, &seqlens_k_, 1, one, 1);
+    inputs_[4] = Ort::Value::CreateTensor<int32_t>(memory_, &total_, 1, one, 0);
   } else {
+    const int64_t hkv = spec_.num_kv_heads, d = spec_.head_dim;
     const int64_t past_shape[] = {L, 1, hkv, d}, new_shape[] = {q, 1, hkv, d};
-    for (auto &plane : planes_) {  // past = cache[:L]; the new K/V land in cache[L:L+q]
-      inputs.push_back(Ort::Value::CreateTensor(memory_, plane.data(), entry_bytes_ * L, past_shape, 4, kv_type));
-      outputs.push_back(Ort::Value::CreateTensor(memory_, plane.data() + entry_bytes_ * L, entry_bytes_ * q, new_shape, 4, kv_type));
+    for (size_t j = 0; j < planes_.size(); ++j) {  // past = cache[:L]; the new K/V land in cache[L:L+q]
+      uint8_t *plane = planes_[j].data();
+      inputs_[3 + j] = Ort::Value::CreateTensor(memory_, plane, entry_bytes_ * L, past_shape, 4, kv_type);
+      outputs_[1 + j] = Ort::Value::CreateTensor(memory_, plane + entry_bytes_ * L, entry_bytes_ * q, new_shape, 4, kv_type);
     }
   }
-  std::vector<const char *> in_names, out_names;
-  for (const auto &n : input_names_) in_names.push_back(n.c_str());
-  for (const auto &n : output_names_) out_names.push_back(n.c_str());
   auto t0 = std::chrono::steady_clock::now();
   try {
-    session_.Run(Ort::RunOptions{nullptr}, in_names.data(), inputs.data(), inputs.size(), out_names.data(),
-                 outputs.data(), outputs.size());
+    session_.Run(Ort::RunOptions{nullptr}, input_ptrs_.data(), inputs_.data(), inputs_.size(), output_ptrs_.data(),
+                 outputs_.data(), outputs_.size());
   } catch (const Ort::Exception &e) {
     throw RuntimeFailure(spec_.role + " graph: ONNX Runtime run failed: " + e.what());
   }

@@ -50,7 +50,10 @@ class Graph {
   std::vector<float> logits_;                 // [q, vocab]
   std::vector<uint8_t> mask_;                 // [q, L + q] in the model dtype
   std::vector<int64_t> positions_;
+  int32_t seqlens_k_ = 0, total_ = 0;  // in_place inputs: L + q - 1 and L + q
   std::vector<std::string> input_names_, output_names_;  // the contract's, in graph order
+  std::vector<const char *> input_ptrs_, output_ptrs_;   // their c_str()s, for Session::Run
+  std::vector<Ort::Value> inputs_, outputs_;  // per call: the small inputs and logits; in_place: the planes, made once
 };
 
 }  // namespace specrt::impl

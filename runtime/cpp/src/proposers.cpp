@@ -31,9 +31,10 @@ void DraftProposer::start(const std::vector<int64_t> &prompt) {
   seen_ = prompt;
 }
 
-Proposal DraftProposer::propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng) {
-  Proposal out;
-  if (k < 1) return out;
+void DraftProposer::propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng, Proposal &out) {
+  out.tokens.clear();
+  out.q.clear();
+  if (k < 1) return;
   size_t n = 0;  // roll the draft back to its longest common prefix with seq (at least the last token stays unseen)
   while (n < std::min(seen_.size(), seq.size()) && seen_[n] == seq[n]) ++n;
   n = std::min(n, seq.size() - 1);
@@ -51,15 +52,15 @@ Proposal DraftProposer::propose(const std::vector<int64_t> &seq, int k, const Sa
     if (s.greedy()) {
       x = argmax(last, vocab);
     } else {
+      out.q.resize(static_cast<size_t>(i + 1) * vocab);  // capacity kept from earlier rounds
       probs(last, vocab, s, scratch_);
       x = sample(scratch_.data(), vocab, rng);
-      out.q.insert(out.q.end(), scratch_.begin(), scratch_.end());
+      std::copy(scratch_.begin(), scratch_.end(), out.q.begin() + static_cast<size_t>(i) * vocab);
     }
     out.tokens.push_back(x);
     feed.assign(1, x);
     if (i + 1 < k && graph_.room() < 1) break;  // the draft's cache is full: propose what there is
   }
-  return out;
 }
 
 }  // namespace specrt::impl

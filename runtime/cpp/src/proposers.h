@@ -39,7 +39,8 @@ class DraftProposer {
  public:
   explicit DraftProposer(Graph &graph) : graph_(graph) {}
   void start(const std::vector<int64_t> &prompt);  // a new sequence: prefill the prompt
-  Proposal propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng);
+  // Up to k tokens after seq into out (reused across rounds: no allocation once warm).
+  void propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng, Proposal &out);
   int64_t passes = 0;  // draft graph calls made by propose
 
  private:

@@ -1,5 +1,7 @@
 #include "sampling.h"
 
+#include "exp_kernel.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -61,14 +63,25 @@ int64_t argmax(const float *logits, int vocab) {
 }
 
 void probs(const float *logits, int vocab, const Sampling &s, std::vector<double> &p) {
-  p.assign(vocab, 0.0);
   if (s.greedy()) {
+    p.assign(vocab, 0.0);
     p[argmax(logits, vocab)] = 1.0;
     return;
   }
-  const double top = *std::max_element(logits, logits + vocab);
-  for (int i = 0; i < vocab; ++i) p[i] = std::exp((logits[i] - top) / s.temperature);  // max first: no overflow
-  normalise(p);
+  p.resize(vocab);
+  float low, top;  // max first: a tiny temperature cannot overflow
+  min_max(logits, vocab, &low, &top);
+  const double inv_t = 1.0 / s.temperature;
+  double sum = 0;
+  if (std::isfinite(low) && std::isfinite(top) && (static_cast<double>(top) - low) * inv_t < 1e30) {
+    sum = exp_shifted(logits, vocab, top, static_cast<float>(inv_t), p.data());  // the vectorised loop
+  } else {  // huge logits or a tiny temperature: the scalar loop in double
+    for (int i = 0; i < vocab; ++i) {
+      const double z = (static_cast<double>(logits[i]) - top) * inv_t;
+      sum += (p[i] = z < -745.0 ? 0.0 : std::exp(z));
+    }
+  }
+  scale(p.data(), vocab, 1.0 / sum);
   if (s.top_k > 0 && s.top_k < vocab) {
     std::vector<double> sorted(p);
     std::nth_element(sorted.begin(), sorted.begin() + (s.top_k - 1), sorted.end(), std::greater<double>());

@@ -23,8 +23,8 @@ struct Verdict {
 // tokens [k]; logits [(k + 1) x vocab], the target at the last token and after each proposal.
 Verdict verify_greedy(const std::vector<int64_t> &tokens, const float *logits, int vocab);
 
-// q: [k x vocab] the proposer's distributions, or empty for a deterministic proposal; p (scratch,
-// filled here): [(k + 1) x vocab] probs() of the target rows.
+// q: [k x vocab] the proposer's distributions, or empty for a deterministic proposal; p: scratch
+// [vocab] (the target rows' probs() are computed one at a time, only as far as the walk goes).
 Verdict verify_sampled(const std::vector<int64_t> &tokens, const std::vector<double> &q, const float *logits,
                        int vocab, const Sampling &s, Rng &rng, std::vector<double> &p);
 

@@ -1,0 +1,38 @@
+// The hot loops of sampling over the vocabulary. Compiled with -ffast-math (this file only) so GCC
+// vectorises them and calls glibc's vector expf (libmvec; AVX2 where the CPU has it): ~5x the
+// scalar loops on a 4096-token vocabulary. Callers guarantee finite inputs (exp_shifted: |z| < 1e30).
+#include <algorithm>
+#include <cmath>
+
+#include "exp_kernel.h"
+
+namespace specrt::impl {
+
+__attribute__((target_clones("avx2", "default")))
+double exp_shifted(const float *x, int n, float top, float inv_t, double *out) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const float e = expf(std::max((x[i] - top) * inv_t, -104.0f));  // below -103 expf is 0
+    out[i] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+__attribute__((target_clones("avx2", "default")))
+void min_max(const float *x, int n, float *low, float *high) {
+  float lo = x[0], hi = x[0];
+  for (int i = 1; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  *low = lo;
+  *high = hi;
+}
+
+__attribute__((target_clones("avx2", "default")))
+void scale(double *p, int n, double factor) {
+  for (int i = 0; i < n; ++i) p[i] *= factor;
+}
+
+}  // namespace specrt::impl
