@@ -78,3 +78,31 @@ def test_the_example_program_prints_one_json_line(cpp_build, llama_engine):
     assert line["stats"]["target_passes"] >= 1 and 0 < line["stats"]["engine_seconds"] <= line["stats"]["wall_seconds"]
     bad = subprocess.run([str(exe), str(llama_engine), "--ids", "x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--ids takes comma-separated integers" in bad.stderr
+
+
+def test_sliding_window_matches_python(lib, tmp_path):
+    """Mistral with a window of 8 (shorter than prompts and prefill chunks): C++ == Python == masks honoured."""
+    import torch
+    import transformers as tf
+
+    from specrt.export.onnx_export import ExportConfig, export_engine
+    from tiny import make_tokenizer
+
+    cfg = tf.MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                           sliding_window=8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = tf.MistralForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(tmp_path / "src")
+    make_tokenizer(tmp_path / "src", 32)
+    engine = export_engine(tmp_path / "src", tmp_path / "engine", draft_dir=tmp_path / "src", log=lambda *_: None,
+                           cfg=ExportConfig(max_len=64, prefill_chunk=16))
+    rt, cpp = specrt.load(engine), CppEngine(lib, engine)
+    assert rt.manifest.target.sliding_window == 8
+    for n in (5, 23, 40):
+        prompt = [(i * 7 + 3) % 31 + 1 for i in range(n)]
+        for method in ("none", "ngram", "draft"):
+            py = rt.generate(prompt, max_new_tokens=12, method=method, gamma=3)
+            assert cpp.generate(prompt, max_new_tokens=12, method=method, gamma=3).token_ids == py.token_ids
