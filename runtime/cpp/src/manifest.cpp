@@ -118,6 +118,15 @@ GraphSpec graph(const std::string &root, const std::string &role, const json &m)
   const json &shapes = require(m, "shapes", where);
   const json &inputs = require(m, "inputs", where), &outputs = require(m, "outputs", where);
   g.vocab_sha256 = as_str(require(m, "vocab_sha256", where), where + "vocab_sha256");
+  if (m.contains("aux_hidden_layers") && !m["aux_hidden_layers"].is_null()) {
+    const json &layers = m["aux_hidden_layers"];
+    bool ok = layers.is_array() && !layers.empty();
+    for (const auto &i : layers) ok = ok && i.is_number_integer() && i.get<int>() >= 0 && i.get<int>() < g.num_layers;
+    if (!ok)
+      fail("manifest.json: " + where + "aux_hidden_layers must be a non-empty list of layer indices in 0.." +
+           std::to_string(g.num_layers - 1) + ", got " + py_repr(layers));
+    g.aux_hidden_layers = layers.get<std::vector<int>>();
+  }
   g.file = as_str(file, where + "file");
   if (!is_file(join(root, g.file))) fail("engine dir " + root + ": " + role + " graph file " + py_str(g.file) + " is missing");
   if (!dtype.is_string() || (dtype != "fp32" && dtype != "fp16"))
@@ -133,7 +142,7 @@ GraphSpec graph(const std::string &root, const std::string &role, const json &m)
   for (const auto &t : g.inputs) in_names.push_back(t.name);
   for (const auto &t : g.outputs) out_names.push_back(t.name);
   if (in_names != contract_inputs(g.num_layers, g.kv_layout) ||
-      out_names != contract_outputs(g.num_layers, g.has_hidden, g.kv_layout))
+      out_names != contract_outputs(g.num_layers, g.has_hidden, g.kv_layout, g.aux_hidden_layers.has_value()))
     fail("manifest.json: " + where + "inputs/outputs do not match the graph contract for " +
          std::to_string(g.num_layers) + " layers (see docs/engine-format.md)");
   if (shapes.is_object() && shapes.contains("prefill")) g.prefill_chunk = as_int(shapes["prefill"], where + "shapes.prefill");
@@ -164,6 +173,27 @@ void head_section(const std::string &root, const json &s, const GraphSpec &targe
   require(s["tree"], "nodes", w + "tree.");  // compared with the target's tree_verify shape by the caller
 }
 
+// The EAGLE-3 fields of the eagle section (version, fc_file, aux_hidden_layers).
+void eagle3(const std::string &root, const json &s, const GraphSpec &target) {
+  const json version = s.contains("version") ? s["version"] : json(1);
+  if (version != 1 && version != 3) fail("manifest.json: eagle.version must be 1 or 3, got " + py_repr(version));
+  if (version != 3) return;
+  const json fc = s.contains("fc_file") ? s["fc_file"] : json();
+  if (!fc.is_string() || fc.get<std::string>().empty() || !is_file(join(root, fc.get<std::string>())))
+    fail("engine dir " + root + ": the EAGLE-3 fc graph file " + py_repr(fc) + " is missing");
+  const json layers = s.contains("aux_hidden_layers") ? s["aux_hidden_layers"] : json();
+  const json want = layers.is_null() ? json::array() : layers;
+  std::string shown = "None";  // the target's layers as Python prints a tuple
+  if (target.aux_hidden_layers) {
+    shown.clear();
+    for (int i : *target.aux_hidden_layers) shown += (shown.empty() ? "" : ", ") + std::to_string(i);
+    shown = "(" + shown + (target.aux_hidden_layers->size() == 1 ? ",)" : ")");
+  }
+  if (!target.aux_hidden_layers || json(*target.aux_hidden_layers) != want)
+    fail("manifest.json: the EAGLE-3 head fuses layers " + py_repr(layers) + " but the target outputs aux_hidden of layers " +
+         shown);
+}
+
 }  // namespace
 
 std::string py_list(const std::vector<std::string> &items, bool quote) {
@@ -180,12 +210,14 @@ std::vector<std::string> contract_inputs(int num_layers, const std::string &kv_l
   return v;
 }
 
-std::vector<std::string> contract_outputs(int num_layers, bool has_hidden, const std::string &kv_layout) {
+std::vector<std::string> contract_outputs(int num_layers, bool has_hidden, const std::string &kv_layout,
+                                          bool has_aux) {
   std::vector<std::string> v = {"logits"};
   const char *prefix = kv_layout == "in_place" ? "present_" : "new_";
   for (int i = 0; i < num_layers; ++i)
     for (const char *kv : {"key", "value"}) v.push_back(std::string(prefix) + kv + "." + std::to_string(i));
   if (has_hidden) v.push_back("hidden");
+  if (has_aux) v.push_back("aux_hidden");
   return v;
 }
 
@@ -257,6 +289,7 @@ Manifest load_manifest(const std::string &engine_dir) {
       for (const char *key : {"depth", "topk"})
         if (as_int(require(s["tree"], key, "eagle.tree."), std::string("eagle.tree.") + key) < 1)
           fail(std::string("manifest.json: eagle.tree.") + key + " must be >= 1");
+      eagle3(root, s, m.target());
       m.has_eagle = true;
     }
   }

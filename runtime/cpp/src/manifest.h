@@ -28,6 +28,7 @@ struct GraphSpec {
   bool has_hidden = false;    // the graph also outputs `hidden`
   std::string kv_layout;      // "time_major" | "in_place"
   std::optional<int> sliding_window;  // keys this many positions before a query are masked
+  std::optional<std::vector<int>> aux_hidden_layers;  // the graph also outputs `aux_hidden` (EAGLE-3's features)
   int prefill_chunk = 128;    // shapes.prefill
   std::vector<TensorSpec> inputs, outputs;  // in graph order
   std::string vocab_sha256;
@@ -55,7 +56,8 @@ Manifest load_manifest(const std::string &engine_dir);
 
 // The graph contract's input and output names (contract.py io_names).
 std::vector<std::string> contract_inputs(int num_layers, const std::string &kv_layout);
-std::vector<std::string> contract_outputs(int num_layers, bool has_hidden, const std::string &kv_layout);
+std::vector<std::string> contract_outputs(int num_layers, bool has_hidden, const std::string &kv_layout,
+                                          bool has_aux = false);
 
 // Python's repr of a list of strings: ['a', 'b'].
 std::string py_list(const std::vector<std::string> &items, bool quote = true);

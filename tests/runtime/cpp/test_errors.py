@@ -55,6 +55,8 @@ CASES = {
     "defaults_gamma": (edit(["defaults", "gamma"], 9), None),
     "corrupt_graph": (write("target.onnx", b"garbage"), "cannot load target.onnx: "),  # ORT's Python and C messages differ
     "graph_of_another_model": (lambda e: shutil.copy(e / "draft.onnx", e / "target.onnx"), None),
+    "aux_layers_out_of_range": (edit(["models", "target", "aux_hidden_layers"], [1, 9]), None),
+    "aux_layers_not_a_list": (edit(["models", "target", "aux_hidden_layers"], "2"), None),
     "input_shape": (edit(["models", "target", "inputs", "3", "shape"], ["past", "batch", 3, 8]), None),
     "medusa_without_hidden": (edit(["medusa"], {"file": "target.onnx", "num_heads": 2, "hidden_size": 32,
                                                  "vocab_size": 32, "dtype": "fp32", "tree": {"nodes": 3, "depth": 1},
