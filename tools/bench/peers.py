@@ -1,7 +1,7 @@
 """`specrt bench peers`: specrt against the engines a CPU user would pick instead, in ONE interleaved run.
 
     specrt bench peers [--model HF_DIR --draft HF_DIR] [--threads 1] [--precision fp32 int4] [--reps 3]
-                       [--genai-python PATH] [--llama-python PATH] [--openvino-python PATH] [--out FILE]
+                       [--genai-python PATH] [--llama-python PATH] [--openvino-python PATH] [--cpp] [--out FILE]
 
 Every system converts the same HF checkpoint itself (specrt: `specrt export`, with --quantize for
 int8/int4; ONNX Runtime GenAI: its model builder; llama.cpp: llama-cpp-python and the GGUF converter
@@ -10,7 +10,8 @@ token ids greedily, with the same intra-op threads, each in its own worker proce
 For each repetition every (system, method, precision) runs in turn, the order rotating, so load on
 the machine falls on all of them alike; medians of tokens/s, and ratios to the fastest peer's plain
 decoding. A peer whose python lacks it is listed with the command that installs it (none is needed
-for specrt or its tests). Default model: the demo pair.
+for specrt or its tests). `--cpp` adds rows of specrt's C++ runtime (libspecrt) on the same engine
+dirs (γ fixed at the exported one; the Python rows use adaptive γ). Default model: the demo pair.
 """
 from __future__ import annotations
 
@@ -50,6 +51,22 @@ for line in sys.stdin:
     for ids in job["prompts"]:
         t0 = time.perf_counter()
         out = rt.generate(ids, max_new_tokens=job["max_new"], method=job["method"]).token_ids
+        seconds += time.perf_counter() - t0
+        tokens += len(out); outs.append(out)
+    print(json.dumps({"tokens_per_second": tokens / seconds, "outputs": outs}), flush=True)
+'''
+
+CPP_WORKER = r'''
+import json, sys, time
+from specrt.tools.libspecrt import CppEngine, load_library
+cpp = CppEngine(load_library(sys.argv[1]), sys.argv[2], threads=int(sys.argv[3]))
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    tokens, seconds, outs = 0, 0.0, []
+    for ids in job["prompts"]:
+        t0 = time.perf_counter()
+        out = cpp.generate(ids, max_new_tokens=job["max_new"], method=job["method"]).token_ids
         seconds += time.perf_counter() - t0
         tokens += len(out); outs.append(out)
     print(json.dumps({"tokens_per_second": tokens / seconds, "outputs": outs}), flush=True)
@@ -216,6 +233,12 @@ def systems(a, work: Path, log) -> tuple[dict, dict]:
         engine = build_specrt(a.model, a.draft, precision, work / f"specrt-{precision}")
         workers[f"specrt {precision}"] = Worker(f"specrt {precision}", [sys.executable, "-c", SPECRT_WORKER,
                                                                       str(engine), str(a.threads)])
+        if a.cpp:  # the C++ runtime on the same engine dir (fixed γ = the exported one)
+            from ..libspecrt import build, library_path
+
+            lib = library_path(build(log=lambda *_: None))
+            workers[f"specrt-cpp {precision}"] = Worker(f"specrt-cpp {precision}", [
+                sys.executable, "-c", CPP_WORKER, str(lib), str(engine), str(a.threads)])
     pythons = {"onnxruntime-genai": a.genai_python, "llama.cpp": a.llama_python, "openvino-genai": a.openvino_python}
     for peer, python in pythons.items():
         python = python or sys.executable
@@ -240,7 +263,7 @@ def systems(a, work: Path, log) -> tuple[dict, dict]:
     return workers, missing
 
 
-METHODS = {"specrt": ("none", "draft", "ngram"), "onnxruntime-genai": ("none",), "llama.cpp": ("none", "ngram"),
+METHODS = {"specrt": ("none", "draft", "ngram"), "specrt-cpp": ("none", "draft", "ngram"), "onnxruntime-genai": ("none",), "llama.cpp": ("none", "ngram"),
            "openvino-genai": ("none",)}
 
 
@@ -316,6 +339,7 @@ def main(argv=None) -> None:
     ap.add_argument("--llama-python", help="python with llama-cpp-python (default: this one)")
     ap.add_argument("--gguf-converter", type=Path, help="llama.cpp's convert_hf_to_gguf.py (for the llama.cpp rows)")
     ap.add_argument("--openvino-python", help="python with openvino-genai (default: this one)")
+    ap.add_argument("--cpp", action="store_true", help="also run specrt's C++ runtime (libspecrt, built with CMake)")
     ap.add_argument("--smoke", action="store_true", help="one repetition, 1 prompt, 8 tokens, fp32 (the tests' mode)")
     ap.add_argument("--out", type=Path, default=None, help="JSON results file")
     a = ap.parse_args(argv)
