@@ -23,6 +23,7 @@
 extern "C" {
 #endif
 
+/* Bumped whenever a struct below or a function's signature changes; compare with specrt_abi_version(). */
 #define SPECRT_ABI_VERSION 1
 
 #if defined(SPECRT_BUILDING) && defined(__GNUC__)
@@ -92,6 +93,7 @@ typedef int (*specrt_token_callback)(int64_t token_id, void *user_data);
 /* The message of the last failed call on this thread ("" if none). Valid until the next call. */
 SPECRT_API const char *specrt_last_error(void);
 SPECRT_API const char *specrt_version(void);
+SPECRT_API int specrt_abi_version(void); /* the SPECRT_ABI_VERSION the library was built with */
 SPECRT_API const char *specrt_finish_reason_name(int finish_reason); /* "stop" | "length" | "cancelled" */
 
 SPECRT_API void specrt_open_options_init(specrt_open_options *options);

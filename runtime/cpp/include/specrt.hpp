@@ -6,6 +6,7 @@
 //   // r.token_ids, r.finish_reason ("stop" | "length" | "cancelled"), r.stats
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -41,6 +42,9 @@ struct Result {
 class Engine {
  public:
   explicit Engine(const std::string &engine_dir, const specrt_open_options *options = nullptr) {
+    if (specrt_abi_version() != SPECRT_ABI_VERSION)
+      throw Error(SPECRT_ERROR_RUNTIME, "libspecrt ABI " + std::to_string(specrt_abi_version()) +
+                                            " differs from this header's " + std::to_string(SPECRT_ABI_VERSION));
     check(specrt_engine_open(engine_dir.c_str(), options, &handle_));
   }
   ~Engine() { specrt_engine_close(handle_); }
@@ -52,7 +56,8 @@ class Engine {
   int vocab_size() const { return specrt_engine_vocab_size(handle_); }
   std::string default_method() const { return specrt_engine_default_method(handle_); }
 
-  // on_token: called per generated token; return false to stop.
+  // on_token: called per generated token; return false to stop. An exception it throws stops the
+  // generation and is rethrown here.
   Result generate(const std::vector<int64_t> &prompt, const Params &p = {},
                   std::function<bool(int64_t)> on_token = nullptr) {
     specrt_generate_params c;
@@ -70,11 +75,23 @@ class Engine {
     Result r;
     r.token_ids.resize(p.max_new_tokens > 0 ? p.max_new_tokens : 0);
     specrt_result out;
+    struct Call {  // the callback and what it threw: no exception may cross the C ABI
+      std::function<bool(int64_t)> &fn;
+      std::exception_ptr error;
+    } call{on_token, nullptr};
     auto trampoline = [](int64_t id, void *user) {
-      return (*static_cast<std::function<bool(int64_t)> *>(user))(id) ? 0 : 1;
+      auto *c = static_cast<Call *>(user);
+      try {
+        return c->fn(id) ? 0 : 1;
+      } catch (...) {
+        c->error = std::current_exception();
+        return 1;  // stop; rethrown below
+      }
     };
-    check(specrt_generate(handle_, prompt.data(), prompt.size(), &c, on_token ? +trampoline : nullptr, &on_token,
-                          r.token_ids.data(), r.token_ids.size(), &out));
+    specrt_status status = specrt_generate(handle_, prompt.data(), prompt.size(), &c, on_token ? +trampoline : nullptr,
+                                           &call, r.token_ids.data(), r.token_ids.size(), &out);
+    if (call.error) std::rethrow_exception(call.error);
+    check(status);
     r.token_ids.resize(out.num_tokens);
     r.finish_reason = specrt_finish_reason_name(out.finish_reason);
     r.stats = out.stats;

@@ -47,6 +47,7 @@ extern "C" {
 
 const char *specrt_last_error(void) { return last_error.c_str(); }
 const char *specrt_version(void) { return SPECRT_VERSION; }
+int specrt_abi_version(void) { return SPECRT_ABI_VERSION; }
 
 const char *specrt_finish_reason_name(int reason) {
   switch (reason) {

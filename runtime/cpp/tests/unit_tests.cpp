@@ -157,6 +157,14 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
   p.method = "none";
   auto r = engine.generate({1, 5, 9}, p, [&](int64_t) { return ++seen < 3; });
   CHECK(r.finish_reason == "cancelled" && r.token_ids.size() == 3);
+  bool rethrown = false;
+  try {
+    engine.generate({1, 5, 9}, p, [](int64_t) -> bool { throw std::runtime_error("from the callback"); });
+  } catch (const std::runtime_error &e) {
+    rethrown = std::string(e.what()) == "from the callback";
+  }
+  CHECK(rethrown);
+  CHECK(engine.generate({1, 5, 9}, p).token_ids.size() == 48);  // the engine still works
 }
 
 }  // namespace
