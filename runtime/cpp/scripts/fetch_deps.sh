@@ -40,7 +40,11 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$apt_dir/sources.l
 fi
 
 if [[ ! -e "$deps/lib/libonnxruntime.so.1" ]]; then
-  capi="$("$python" -c 'import os, onnxruntime; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi"))' 2>/dev/null || true)"
+  capi=""
+  for py in "$python" "$here/../../.venv/bin/python"; do  # the given python, else the project's venv
+    capi="$("$py" -c 'import os, onnxruntime; print(os.path.join(os.path.dirname(onnxruntime.__file__), "capi"))' 2>/dev/null || true)"
+    [[ -n "$capi" ]] && break
+  done
   lib="$(ls "$capi"/libonnxruntime.so.1.* 2>/dev/null | head -n 1 || true)"
   if [[ -z "$lib" ]]; then
     echo "fetch_deps: no onnxruntime wheel with a bundled libonnxruntime.so.1.* found for $python (pip install 'onnxruntime>=1.22'); set SPECRT_ORT_LIBRARY at run time instead" >&2
