@@ -1,6 +1,6 @@
 """The C++ runtime (libspecrt) vs the Python runtime on the same engine dir, interleaved in one run.
 
-Per method (none, draft, ngram) and temperature (greedy, 0.8): tokens/s over the prompts, and the
+Per method (none, draft, ngram, suffix) and temperature (greedy, 0.8): tokens/s over the prompts, and the
 time outside ONNX Runtime's Run calls as a share of wall time (the loop's overhead: sampling,
 verification, proposers, cache bookkeeping, and for Python the interpreter). Both runtimes open
 the same graphs with the same session options (target: ORT's default threads, 20 µs spin; draft:
@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("engine", nargs="?", help="engine dir (default: the demo pair)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--methods", default="none,draft,ngram")
+    ap.add_argument("--methods", default="none,draft,ngram,suffix")
     ap.add_argument("--gamma", type=int, default=4, help="fixed γ for both (the C++ runtime has no adaptive γ)")
     ap.add_argument("--out", default="docs/bench/cpp.json")
     args = ap.parse_args(argv)

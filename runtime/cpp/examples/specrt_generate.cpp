@@ -1,4 +1,4 @@
-// specrt_generate ENGINE_DIR --ids 1,5,9 [--max-new-tokens N] [--method none|draft|ngram]
+// specrt_generate ENGINE_DIR --ids 1,5,9 [--max-new-tokens N] [--method none|draft|ngram|suffix]
 //                 [--gamma G] [--temperature T] [--top-p P] [--top-k K] [--min-p M] [--seed S] [--threads N]
 // Generates after the given token ids with libspecrt and prints one JSON line:
 //   {"token_ids": [...], "finish_reason": "length", "stats": {...}}   (generated ids only)
@@ -17,7 +17,7 @@ namespace {
 int usage(const char *why) {
   std::fprintf(stderr,
                "error: %s\nusage: specrt_generate ENGINE_DIR --ids 1,5,9 [--max-new-tokens N] "
-               "[--method none|draft|ngram] [--gamma G] [--temperature T] [--top-p P] [--top-k K] [--min-p M] "
+               "[--method none|draft|ngram|suffix] [--gamma G] [--temperature T] [--top-p P] [--top-k K] [--min-p M] "
                "[--seed S] [--threads N]\n",
                why);
   return 2;

@@ -54,7 +54,7 @@ typedef struct specrt_open_options {
 } specrt_open_options;
 
 typedef struct specrt_generate_params {
-  const char *method;         /* "none" | "draft" | "ngram"; NULL: the engine dir's default (defaults.method) */
+  const char *method;         /* "none" | "draft" | "ngram" | "suffix"; NULL: the engine dir's default (defaults.method) */
   int gamma;                  /* proposal length per round, 0..manifest gamma; -1: defaults.gamma, else the exported gamma */
   double temperature;         /* 0 = greedy (argmax, lowest id on ties) */
   int top_k;                  /* 0 = off */

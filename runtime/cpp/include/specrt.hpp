@@ -22,7 +22,7 @@ struct Error : std::runtime_error {
 };
 
 struct Params {
-  std::string method;          // "none" | "draft" | "ngram"; "": the engine dir's default
+  std::string method;          // "none" | "draft" | "ngram" | "suffix"; "": the engine dir's default
   int gamma = -1;              // -1: defaults.gamma, else the exported gamma
   double temperature = 0.0;    // 0 = greedy
   int top_k = 0;

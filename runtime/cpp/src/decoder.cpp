@@ -23,10 +23,10 @@ std::string Engine::default_method() const {
 
 std::string Engine::resolve_method(const std::string &method) const {
   const std::string m = method.empty() ? default_method() : method;
-  if (m == "suffix" || m == "medusa" || m == "eagle")
-    throw ArgumentError("method '" + m + "' is not in the C++ runtime (it runs none, draft, ngram); pass one of those");
-  if (m != "none" && m != "draft" && m != "ngram")
-    throw ArgumentError("unknown method '" + m + "'; available: none, draft, ngram");
+  if (m == "medusa" || m == "eagle")
+    throw ArgumentError("method '" + m + "' is not in the C++ runtime (it runs none, draft, ngram, suffix); pass one of those");
+  if (m != "none" && m != "draft" && m != "ngram" && m != "suffix")
+    throw ArgumentError("unknown method '" + m + "'; available: none, draft, ngram, suffix");
   if (m == "draft" && !draft_) throw ArgumentError("method 'draft' needs an engine dir exported with --draft");
   return m;
 }
@@ -77,6 +77,9 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   bool done = emit(next_token(logits, vocab, s, rng, scratch_row_));
   std::optional<DraftProposer> draft;
   NGramIndex ngram;
+  SuffixIndex suffix(suffix_cache_.index.depth());  // this request's own index (method suffix)
+  size_t suffix_indexed = 0;
+  const bool started = !done;  // a sequence that ends at its first token never reaches a proposer
   if (method == "draft") draft.emplace(*draft_);
   if (!done && draft) draft->start(req.prompt);
   while (!done) {  // one round: propose k, verify all of them in ONE target pass, keep the accepted prefix
@@ -89,6 +92,11 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     if (k && method == "ngram") {
       ngram.extend(seq);
       p.tokens = ngram.propose(k);
+    }
+    if (k && method == "suffix") {
+      suffix.add(seq, suffix_indexed, seq.size());
+      suffix_indexed = seq.size();
+      p.tokens = suffix_propose(suffix, &suffix_cache_.index, seq, k);
     }
     ids_.assign(1, seq.back());
     ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
@@ -105,6 +113,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     for (int i = 0; i < v.accepted && !done; ++i) done = emit(p.tokens[i]);
     if (!done) done = emit(v.next);
   }
+  if (method == "suffix" && started) suffix_cache_.add(seq);  // it joins the global index
   c.draft_passes = draft ? draft->passes : 0;
   c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - engine_before;
   c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -10,12 +10,13 @@
 #include "manifest.h"
 #include "proposers.h"
 #include "sampling.h"
+#include "suffix.h"
 
 namespace specrt::impl {
 
 struct GenerateRequest {
   std::vector<int64_t> prompt;        // 1..max_len-1 ids
-  std::string method;                 // "none" | "draft" | "ngram"; "": the engine dir's default
+  std::string method;                 // "none" | "draft" | "ngram" | "suffix"; "": the engine dir's default
   int gamma = -1;                     // proposal length, 0..manifest gamma; -1: defaults.gamma, else the exported gamma
   Sampling sampling;
   uint64_t seed = 0;
@@ -58,6 +59,7 @@ class Engine {
   std::unique_ptr<Graph> target_, draft_;
   std::vector<double> scratch_p_, scratch_row_;  // sampling buffers, reused across calls
   Proposal proposal_;                            // the round's proposal, reused
+  SuffixCache suffix_cache_{24, 1 << 16};        // method suffix: this engine's recent finished sequences (64K tokens)
   std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
 };
 

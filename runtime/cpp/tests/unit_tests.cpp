@@ -14,6 +14,7 @@
 
 #include "proposers.h"
 #include "sampling.h"
+#include "suffix.h"
 #include "specrt.hpp"
 #include "verify.h"
 
@@ -85,6 +86,19 @@ void test_verify_distribution() {
   CHECK(g.accepted == 0 && g.next == 1);
 }
 
+void test_suffix() {  // the worked example of suffix.h
+  SuffixCache cache(3, 100);
+  cache.add({7, 1, 2, 3, 4});
+  SuffixIndex local(3);
+  std::vector<int64_t> seq = {9, 1, 2};
+  local.add(seq, 0, seq.size());
+  CHECK((suffix_propose(local, &cache.index, seq, 5) == std::vector<int64_t>{3, 4}));
+  SuffixCache small(3, 6);  // room for 6 tokens: the next sequence evicts the first
+  small.add({7, 1, 2, 3, 4});
+  small.add({5, 5, 5});
+  CHECK(small.index.longest({1, 2}).first == 0 && small.index.longest({5}).first == 1);
+}
+
 void test_ngram() {
   NGramIndex index(3, 1);
   index.extend({5, 1, 2, 3, 9, 1, 2});
@@ -134,7 +148,7 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
   p.max_new_tokens = 48;
   p.method = "none";
   auto plain = engine.generate({1, 5, 9, 1, 5}, p).token_ids;
-  for (const char *m : {"ngram", "draft"}) {
+  for (const char *m : {"ngram", "suffix", "draft"}) {
     p.method = m;
     try {
       CHECK(engine.generate({1, 5, 9, 1, 5}, p).token_ids == plain);
@@ -144,7 +158,7 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
   }
   p.temperature = 0.8;  // the sampled paths: proposals with q, rejections, residuals
   p.top_p = 0.9;
-  for (const char *m : {"none", "ngram", "draft"}) {
+  for (const char *m : {"none", "ngram", "suffix", "draft"}) {
     p.method = m;
     try {
       CHECK(engine.generate({1, 5, 9, 1, 5}, p).token_ids.size() >= 1);
@@ -173,6 +187,7 @@ int main() {
   test_probs();
   test_verify_distribution();
   test_ngram();
+  test_suffix();
   test_manifest_errors();
   test_engine();
   if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);

@@ -98,7 +98,7 @@ BAD_ARGUMENTS = [
     (dict(min_p=1.0), "min_p must be in [0, 1), got 1.0"),
     (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
     (dict(method="beam"), "unknown method 'beam'"),
-    (dict(method="medusa"), "method 'medusa' is not in the C++ runtime"),
+    (dict(method="medusa"), "method 'medusa' is not in the C++ runtime (it runs none, draft, ngram, suffix)"),
     (dict(gamma=9), "gamma must be in 0..4"),
     (dict(prompt=[]), "prompt length 0 outside 1..63"),
     (dict(prompt=[1] * 64), "prompt length 64 outside 1..63"),

@@ -30,11 +30,11 @@ def ngram_prompt(cpp):
     return base + cont + base + cont[:2]
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 @pytest.mark.parametrize("sampling", SAMPLING, ids=str)
 def test_cpp_sampling_is_exact(lib, engine, target_model, method, sampling):
     cpp = CppEngine(lib, engine)
-    prompt = PROMPT if method == "draft" else ngram_prompt(cpp)
+    prompt = PROMPT if method == "draft" else ngram_prompt(cpp)  # suffix: also its own earlier outputs
     counts, totals = run_trials(cpp, prompt, 2500, V, method=method, gamma=2, **sampling)
     pv = p_values(counts, exact_joint(target_model, prompt, sampling, V))
     assert min(pv.values()) > P_MIN, pv

@@ -26,7 +26,7 @@ def prompts(max_len):
     return {"one": [3], "five": base[:5], "fills_cache": (base * 10)[: max_len - 12]}
 
 
-@pytest.mark.parametrize("method", ["none", "draft", "ngram"])
+@pytest.mark.parametrize("method", ["none", "draft", "ngram", "suffix"])
 def test_cpp_greedy_equals_python(lib, engine, method):
     rt, cpp = specrt.load(engine), CppEngine(lib, engine)
     for name, prompt in prompts(MAX_LEN).items():
@@ -45,7 +45,7 @@ def test_cpp_on_the_demo_engine(lib, demo_engine):
     rt, cpp = specrt.load(demo_engine), CppEngine(lib, demo_engine)
     prompt = rt.tokenizer.encode("def fibonacci(n):\n    ").ids
     for ids in (prompt[:1], prompt[:5], prompt * (240 // len(prompt))):
-        for method in ("none", "draft", "ngram"):
+        for method in ("none", "draft", "ngram", "suffix"):
             py = rt.generate(ids, max_new_tokens=64, method=method, gamma=4)
             out = cpp.generate(ids, max_new_tokens=64, method=method, gamma=4)
             assert out.token_ids == py.token_ids, (method, len(ids))
@@ -106,3 +106,18 @@ def test_sliding_window_matches_python(lib, tmp_path):
         for method in ("none", "ngram", "draft"):
             py = rt.generate(prompt, max_new_tokens=12, method=method, gamma=3)
             assert cpp.generate(prompt, max_new_tokens=12, method=method, gamma=3).token_ids == py.token_ids
+
+
+def test_suffix_global_cache_follows_python(lib, llama_engine):
+    """A series of requests on one engine handle: the global suffix cache grows as the Python core's
+    does (same proposals: same stats), and a repeated request drafts more than its first run."""
+    rt, cpp = specrt.load(llama_engine), CppEngine(lib, llama_engine)
+    prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8], [3, 1, 4, 1, 5], [9, 2, 6]]
+    accepted = []
+    for prompt in prompts:
+        py = rt.generate(prompt, max_new_tokens=24, method="suffix", gamma=4)
+        out = cpp.generate(prompt, max_new_tokens=24, method="suffix", gamma=4)
+        assert out.token_ids == py.token_ids
+        assert (out.stats["proposed"], out.stats["accepted"]) == (py.stats["proposed"], py.stats["accepted"])
+        accepted.append(out.stats["accepted"])
+    assert accepted[2] > accepted[0]  # the repeat drafts from the first run's output
