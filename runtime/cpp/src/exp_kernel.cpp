@@ -35,4 +35,38 @@ void scale(double *p, int n, double factor) {
   for (int i = 0; i < n; ++i) p[i] *= factor;
 }
 
+__attribute__((target_clones("avx2", "default")))
+int first_argmax(const float *x, int n) {
+  float hi = x[0];
+  for (int i = 1; i < n; ++i) hi = std::max(hi, x[i]);
+  int i = 0;
+  while (i < n - 1 && x[i] != hi) ++i;
+  return i;
+}
+
+__attribute__((target_clones("avx2", "default")))
+double total(const double *p, int n) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += p[i];
+  return sum;
+}
+
+int first_cdf_above(const double *p, int n, double u) {
+  constexpr int block = 64;
+  double cdf = 0;
+  int start = 0;
+  for (; start + block <= n; start += block) {  // whole blocks first (vectorised sums), then inside one
+    const double next = cdf + total(p + start, block);
+    if (next > u) break;
+    cdf = next;
+  }
+  for (int i = start; i < n; ++i) {
+    cdf += p[i];
+    if (cdf > u) return i;
+  }
+  int last = n - 1;  // u at the total up to rounding: the last token that has mass, never a filtered one
+  while (last > 0 && p[last] <= 0) --last;
+  return last;
+}
+
 }  // namespace specrt::impl

@@ -53,9 +53,9 @@ void DraftProposer::propose(const std::vector<int64_t> &seq, int k, const Sampli
       x = argmax(last, vocab);
     } else {
       out.q.resize(static_cast<size_t>(i + 1) * vocab);  // capacity kept from earlier rounds
-      probs(last, vocab, s, scratch_);
-      x = sample(scratch_.data(), vocab, rng);
-      std::copy(scratch_.begin(), scratch_.end(), out.q.begin() + static_cast<size_t>(i) * vocab);
+      double *q_i = out.q.data() + static_cast<size_t>(i) * vocab;
+      probs(last, vocab, s, q_i);
+      x = sample(q_i, vocab, rng);
     }
     out.tokens.push_back(x);
     feed.assign(1, x);

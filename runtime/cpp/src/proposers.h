@@ -46,7 +46,6 @@ class DraftProposer {
  private:
   Graph &graph_;
   std::vector<int64_t> seen_;  // tokens in the draft cache, in order
-  std::vector<double> scratch_;
 };
 
 }  // namespace specrt::impl

@@ -10,16 +10,17 @@
 namespace specrt::impl {
 namespace {
 
-void normalise(std::vector<double> &p) {
-  double sum = 0;
-  for (double x : p) sum += x;
-  for (double &x : p) x /= sum;
+void normalise(double *p, int n) { scale(p, n, 1.0 / total(p, n)); }
+
+// Zero every entry below `floor`, then renormalise.
+void keep_at_least(double *p, int n, double floor) {
+  for (int i = 0; i < n; ++i) p[i] = p[i] >= floor ? p[i] : 0.0;
+  normalise(p, n);
 }
 
 // The smallest probability top-p keeps: sort candidates by probability, most probable first, on a
 // growing candidate set (a full sort of the vocabulary only when the kept set needs it).
-double top_p_threshold(const std::vector<double> &p, double top_p) {
-  const int v = static_cast<int>(p.size());
+double top_p_threshold(const double *p, int v, double top_p) {
   std::vector<int> order(v);
   std::iota(order.begin(), order.end(), 0);
   auto more = [&](int a, int b) { return p[a] > p[b]; };
@@ -58,59 +59,44 @@ std::string check_sampling(const Sampling &s) {
   return "";
 }
 
-int64_t argmax(const float *logits, int vocab) {
-  return std::max_element(logits, logits + vocab) - logits;  // the first maximum: lowest id on ties
-}
+int64_t argmax(const float *logits, int vocab) { return first_argmax(logits, vocab); }
 
-void probs(const float *logits, int vocab, const Sampling &s, std::vector<double> &p) {
+void probs(const float *logits, int vocab, const Sampling &s, double *p) {
   if (s.greedy()) {
-    p.assign(vocab, 0.0);
+    std::fill(p, p + vocab, 0.0);
     p[argmax(logits, vocab)] = 1.0;
     return;
   }
-  p.resize(vocab);
   float low, top;  // max first: a tiny temperature cannot overflow
   min_max(logits, vocab, &low, &top);
   const double inv_t = 1.0 / s.temperature;
   double sum = 0;
   if (std::isfinite(low) && std::isfinite(top) && (static_cast<double>(top) - low) * inv_t < 1e30) {
-    sum = exp_shifted(logits, vocab, top, static_cast<float>(inv_t), p.data());  // the vectorised loop
+    sum = exp_shifted(logits, vocab, top, static_cast<float>(inv_t), p);  // the vectorised loop
   } else {  // huge logits or a tiny temperature: the scalar loop in double
     for (int i = 0; i < vocab; ++i) {
       const double z = (static_cast<double>(logits[i]) - top) * inv_t;
       sum += (p[i] = z < -745.0 ? 0.0 : std::exp(z));
     }
   }
-  scale(p.data(), vocab, 1.0 / sum);
+  scale(p, vocab, 1.0 / sum);
   if (s.top_k > 0 && s.top_k < vocab) {
-    std::vector<double> sorted(p);
+    std::vector<double> sorted(p, p + vocab);
     std::nth_element(sorted.begin(), sorted.begin() + (s.top_k - 1), sorted.end(), std::greater<double>());
-    const double kth = sorted[s.top_k - 1];
-    for (double &x : p) x = x >= kth ? x : 0.0;
-    normalise(p);
+    keep_at_least(p, vocab, sorted[s.top_k - 1]);
   }
-  if (s.top_p < 1.0) {
-    const double threshold = top_p_threshold(p, s.top_p);
-    for (double &x : p) x = x >= threshold ? x : 0.0;
-    normalise(p);
-  }
-  if (s.min_p > 0) {
-    const double floor = s.min_p * *std::max_element(p.begin(), p.end());
-    for (double &x : p) x = x >= floor ? x : 0.0;
-    normalise(p);
-  }
+  if (s.top_p < 1.0) keep_at_least(p, vocab, top_p_threshold(p, vocab, s.top_p));
+  if (s.min_p > 0) keep_at_least(p, vocab, s.min_p * *std::max_element(p, p + vocab));
+}
+
+void probs(const float *logits, int vocab, const Sampling &s, std::vector<double> &p) {
+  p.resize(vocab);
+  probs(logits, vocab, s, p.data());
 }
 
 int64_t sample(const double *p, int vocab, Rng &rng) {
-  double total = 0;
-  for (int i = 0; i < vocab; ++i) total += p[i];
-  const double u = rng.uniform() * total;
-  double cdf = 0;
-  for (int i = 0; i < vocab; ++i) {
-    cdf += p[i];
-    if (cdf > u) return i;  // the first index whose cdf exceeds u
-  }
-  return vocab - 1;
+  const double u = rng.uniform() * total(p, vocab);
+  return first_cdf_above(p, vocab, u);
 }
 
 int64_t next_token(const float *logits, int vocab, const Sampling &s, Rng &rng, std::vector<double> &scratch) {

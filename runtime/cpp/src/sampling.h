@@ -36,7 +36,8 @@ class Rng {
 };
 
 // p = probs(logits[0:vocab]) into out [vocab].
-void probs(const float *logits, int vocab, const Sampling &s, std::vector<double> &out);
+void probs(const float *logits, int vocab, const Sampling &s, double *out);
+void probs(const float *logits, int vocab, const Sampling &s, std::vector<double> &out);  // out resized
 
 // One index by inverse CDF from p [vocab] (need not be normalised).
 int64_t sample(const double *p, int vocab, Rng &rng);

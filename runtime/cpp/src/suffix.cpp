@@ -4,26 +4,43 @@
 
 namespace specrt::impl {
 
+namespace {
+
+uint64_t mix(uint64_t h, int64_t token) {  // splitmix64 of the running hash and the next token
+  uint64_t z = h ^ (static_cast<uint64_t>(token) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+std::vector<uint64_t> context_hashes(const std::vector<int64_t> &tokens, size_t end, int depth) {
+  std::vector<uint64_t> hashes;
+  uint64_t h = 0x2545F4914F6CDD1Dull;
+  for (size_t n = 1; n <= std::min<size_t>(depth, end); ++n) hashes.push_back(h = mix(h, tokens[end - n]));
+  return hashes;
+}
+
 void SuffixIndex::add(const std::vector<int64_t> &seq, size_t start, size_t stop, int sign) {
   for (size_t i = std::max<size_t>(1, start); i < stop; ++i) {
     const int64_t tok = seq[i];
-    for (size_t n = 1; n <= std::min<size_t>(depth_, i); ++n) {
-      std::vector<int64_t> ctx(seq.begin() + (i - n), seq.begin() + i);
-      auto &counts = next_[ctx];
-      const int c = counts[tok] + sign;
-      if (c > 0) {
-        counts[tok] = c;
-        continue;
-      }
-      counts.erase(tok);
+    for (uint64_t ctx : context_hashes(seq, i, depth_)) {
+      Counts &counts = next_[ctx];
+      auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(tok, 0),
+                                 [](const auto &a, const auto &b) { return a.first < b.first; });
+      if (it == counts.end() || it->first != tok) it = counts.insert(it, {tok, 0});
+      it->second += sign;
+      if (it->second > 0) continue;
+      counts.erase(it);
       if (counts.empty()) next_.erase(ctx);
     }
   }
 }
 
-std::pair<int, const std::map<int64_t, int> *> SuffixIndex::longest(const std::vector<int64_t> &context) const {
-  for (int n = std::min<int>(depth_, static_cast<int>(context.size())); n > 0; --n) {
-    auto it = next_.find(std::vector<int64_t>(context.end() - n, context.end()));
+std::pair<int, const SuffixIndex::Counts *> SuffixIndex::longest(const std::vector<uint64_t> &hashes) const {
+  for (int n = std::min<int>(depth_, static_cast<int>(hashes.size())); n > 0; --n) {
+    auto it = next_.find(hashes[n - 1]);
     if (it != next_.end() && !it->second.empty()) return {n, &it->second};
   }
   return {0, nullptr};
@@ -50,9 +67,10 @@ std::vector<int64_t> suffix_propose(const SuffixIndex &local, const SuffixIndex 
   double prob = 1.0;
   int limit = k;
   for (int step = 0; step < k; ++step) {
-    auto [n, counts] = local.longest(ctx);
+    const std::vector<uint64_t> hashes = context_hashes(ctx, ctx.size(), depth);
+    auto [n, counts] = local.longest(hashes);
     if (shared) {
-      auto [n_shared, shared_counts] = shared->longest(ctx);
+      auto [n_shared, shared_counts] = shared->longest(hashes);
       if (n_shared > n) std::tie(n, counts) = std::make_pair(n_shared, shared_counts);
     }
     if (!n) break;

@@ -11,33 +11,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <unordered_map>
 #include <vector>
 
 namespace specrt::impl {
 
-struct TokensHash {
-  size_t operator()(const std::vector<int64_t> &v) const {
-    size_t h = v.size();
-    for (int64_t x : v) h = h * 1000003u ^ static_cast<size_t>(x);
-    return h;
-  }
-};
+// The hashes of the last 1..depth tokens of `tokens` (hashes[n - 1]: the last n), each built from
+// the end backwards, so one pass gives every context length. 64-bit: a collision could only change a
+// proposal, never what is emitted (verification is exact).
+std::vector<uint64_t> context_hashes(const std::vector<int64_t> &tokens, size_t end, int depth);
 
 // For every context of 1..depth tokens seen in the added sequences: how often each next token followed it.
 class SuffixIndex {
  public:
+  using Counts = std::vector<std::pair<int64_t, int>>;  // (next token, count), ascending token ids
   explicit SuffixIndex(int depth) : depth_(depth) {}
   // Count (sign -1: uncount) the next tokens seq[start:stop) after their contexts.
   void add(const std::vector<int64_t> &seq, size_t start, size_t stop, int sign = 1);
-  // The longest suffix of context with counts: (n, its counts by token id), or (0, nullptr).
-  std::pair<int, const std::map<int64_t, int> *> longest(const std::vector<int64_t> &context) const;
+  // The longest context with counts among `hashes` (context_hashes of the current context): (n, counts) or (0, nullptr).
+  std::pair<int, const Counts *> longest(const std::vector<uint64_t> &hashes) const;
   int depth() const { return depth_; }
 
  private:
   int depth_;
-  std::unordered_map<std::vector<int64_t>, std::map<int64_t, int>, TokensHash> next_;
+  std::unordered_map<uint64_t, Counts> next_;  // context hash -> counts
 };
 
 // The global index: finished sequences, at most max_tokens tokens in all (oldest evicted).

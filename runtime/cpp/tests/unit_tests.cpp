@@ -96,7 +96,9 @@ void test_suffix() {  // the worked example of suffix.h
   SuffixCache small(3, 6);  // room for 6 tokens: the next sequence evicts the first
   small.add({7, 1, 2, 3, 4});
   small.add({5, 5, 5});
-  CHECK(small.index.longest({1, 2}).first == 0 && small.index.longest({5}).first == 1);
+  auto hashes = [](std::vector<int64_t> t) { return context_hashes(t, t.size(), 3); };
+  CHECK(small.index.longest(hashes({1, 2})).first == 0 && small.index.longest(hashes({5})).first == 1);
+  CHECK(cache.index.longest(hashes({9, 1, 2})).first == 2);  // [1, 2] seen, [9, 1, 2] not
 }
 
 void test_ngram() {
