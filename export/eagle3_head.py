@@ -144,8 +144,7 @@ class Eagle3Head(torch.nn.Module):
         with torch.no_grad():
             self.embed.weight.copy_(model.get_input_embeddings().weight)
             if init:
-                ids = torch.arange(self.cfg.draft_vocab) + self.d2t
-                self.lm_head.weight.copy_(model.get_output_embeddings().weight[ids])
+                self.lm_head.weight.copy_(model.get_output_embeddings().weight[self.draft_ids()])
                 final = getattr(getattr(model, "model", None), "norm", None)
                 if final is not None and getattr(final, "weight", None) is not None:
                     self.norm.weight.copy_(final.weight)
@@ -164,10 +163,19 @@ class Eagle3Head(torch.nn.Module):
         pad = torch.full_like(logits[..., :1], MASK_MIN)
         return torch.cat((logits, pad), -1)[..., self.inv]
 
-    def forward(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+    def step(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+        """``forward`` with the logits over the draft vocabulary [B, Q, Vd] (training reads these)."""
         embedded = self.embed(input_ids).to(hidden.dtype)
         h, new_k, new_v = self.midlayer(embedded, hidden, position_ids, attention_mask, past_key, past_value)
-        return self.to_target(self.lm_head(self.norm(h)).float()), new_k, new_v, h
+        return self.lm_head(self.norm(h)).float(), new_k, new_v, h
+
+    def forward(self, input_ids, hidden, position_ids, attention_mask, past_key, past_value):
+        logits, new_k, new_v, h = self.step(input_ids, hidden, position_ids, attention_mask, past_key, past_value)
+        return self.to_target(logits), new_k, new_v, h
+
+    def draft_ids(self) -> torch.Tensor:
+        """int64 [Vd]: the target id of each draft id."""
+        return torch.arange(self.cfg.draft_vocab) + self.d2t
 
     def empty_past(self, batch: int = 1, dtype=torch.float32) -> torch.Tensor:
         return torch.zeros(0, batch, self.cfg.num_kv_heads, self.cfg.head_dim, dtype=dtype)

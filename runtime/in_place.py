@@ -113,8 +113,8 @@ class InPlaceRunner(Runner):
         logits = b.output("logits", (1, 1, self.vocab_size))
         feats = {n: b.output(n, (1, 1, w)) for n, w in self.features.items()}
         b.run()
-        outputs = {"logits": logits.copy(), **{n: f.copy() for n, f in feats.items()}}  # copied out: the next
-        # call rewrites the bound buffers
+        # copied out: the next call rewrites the bound buffers
+        outputs = {"logits": logits.copy(), **{n: f.copy() for n, f in feats.items()}}
         return Pass(np.array([slot]), outputs["logits"], outputs, lengths)
 
     def _run(self, rows, slots, ids, lengths, positions, blocks, logits, feats) -> None:

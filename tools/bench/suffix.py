@@ -83,6 +83,14 @@ def run(engine_dir: str, max_new_tokens: int, reps: int, log=print) -> dict:
     return rows
 
 
+def print_table(rows: dict, first: str) -> None:
+    """rows: group -> method -> {tokens_per_s, tokens_per_pass, speedup}, as a markdown table."""
+    print(f"\n| {first} | method | tokens/s | tokens per pass | speedup over plain |\n|---|---|---|---|---|")
+    for w, by_method in rows.items():
+        for m, r in by_method.items():
+            print(f"| {w} | {m} | {r['tokens_per_s']:.0f} | {r['tokens_per_pass']:.2f} | {r['speedup']:.2f}x |")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("engine_dir", nargs="?", default=None, help="default: the demo pair")
@@ -95,10 +103,7 @@ def main(argv=None) -> None:
 
         a.engine_dir = str(demo_engine_dir())
     rows = run(a.engine_dir, a.max_new_tokens, a.reps)
-    print("\n| workload | method | tokens/s | tokens per pass | speedup over plain |\n|---|---|---|---|---|")
-    for w, by_method in rows.items():
-        for m, r in by_method.items():
-            print(f"| {w} | {m} | {r['tokens_per_s']:.0f} | {r['tokens_per_pass']:.2f} | {r['speedup']:.2f}x |")
+    print_table(rows, "workload")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "rows": rows}, f, indent=1)

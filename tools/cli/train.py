@@ -52,6 +52,19 @@ def run_trainer(module: str, config: str, options: dict, target, data, heldout, 
         raise click.ClickException(str(e))
 
 
+def _three_layers(value: str) -> tuple:
+    """--aux-layers "i,j,k" -> (i, j, k); "" -> () (the default layers)."""
+    if not value:
+        return ()
+    try:
+        layers = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        layers = ()
+    if len(layers) != 3 or min(layers) < 0:
+        raise click.BadParameter(f"three layer indices >= 0, e.g. 2,4,7; got {value!r}")
+    return layers
+
+
 @click.group()
 def train():
     """Train speculative-decoding heads for a target checkpoint (CPU)."""
@@ -85,15 +98,22 @@ def medusa(target, data, heldout, heads, out, layers, steps, batch, seq, positio
               help="Version 1: weight of the CE term (target's distribution vs lm_head of the predicted feature).")
 @click.option("--ttt-steps", default=5, show_default=True, type=click.IntRange(1),
               help="Version 3: drafting steps unrolled per window (training-time test).")
+@click.option("--ttt-positions", default=0, show_default=True, type=click.IntRange(0),
+              help="Version 3: rows per window that steps 2..k train on, drawn at random (0 = all): cheaper steps.")
 @click.option("--draft-vocab", default=0, show_default=True, type=click.IntRange(0),
               help="Version 3: the head's vocabulary, the most frequent training tokens (0 = the target's).")
+@click.option("--aux-layers", default="", callback=lambda ctx, param, v: _three_layers(v),
+              help="Version 3: the three target layers fused, e.g. 2,4,7 (the hidden states entering them; "
+                   "0 = the embeddings). Default: EAGLE-3's 2, L//2, L-3.")
 def eagle(target, data, heldout, out, steps, batch, seq, lr, w_cls, eval_every, save_every, seed, threads, dtype,
-          resume, force, stop_after, version="1", ttt_steps=5, draft_vocab=0):
+          resume, force, stop_after, version="1", ttt_steps=5, ttt_positions=0, draft_vocab=0, aux_layers=()):
     """Train an EAGLE head (fc + one decoder layer over features and tokens; target frozen)."""
     common = dict(steps=steps, batch=batch, seq=seq, lr=lr, eval_every=eval_every, save_every=save_every, seed=seed,
                   threads=threads, dtype=dtype)
     if version == "3":
-        run_trainer("eagle3", "Eagle3TrainConfig", dict(common, ttt_steps=ttt_steps, draft_vocab=draft_vocab),
+        run_trainer("eagle3", "Eagle3TrainConfig",
+                    dict(common, ttt_steps=ttt_steps, ttt_positions=ttt_positions, draft_vocab=draft_vocab,
+                         aux_layers=aux_layers),
                     target, data, heldout, out, resume, stop_after, force)
         return
     run_trainer("eagle", "EagleTrainConfig", dict(common, w_cls=w_cls), target, data, heldout, out, resume,

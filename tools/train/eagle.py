@@ -149,13 +149,14 @@ def write_finished(out: Path, save, result: dict, history: list, cfg, log, label
     log(f"{label} written to {out}: held-out top-1 {final['top1']} (top-5 {final['top5']})")
 
 
-def demo_parser(description: str, steps: int) -> argparse.ArgumentParser:
-    """The options of a demo-target trainer's ``main``: --target, --out, --steps, --threads, --resume."""
+def demo_parser(description: str, steps: int, lr: float) -> argparse.ArgumentParser:
+    """The options of a demo-target trainer's ``main``: --target, --out, --steps, --lr, --threads, --resume."""
     ap = argparse.ArgumentParser(description=description)
     here = Path(__file__).resolve().parents[1] / "demo_models"
     ap.add_argument("--target", type=Path, default=here / "target")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--resume", action="store_true")
     return ap
@@ -164,9 +165,10 @@ def demo_parser(description: str, steps: int) -> argparse.ArgumentParser:
 def main() -> None:
     from .demo import split_corpus
 
-    a = demo_parser("Train an EAGLE head for the demo target on its corpus split.", EagleTrainConfig.steps).parse_args()
+    a = demo_parser("Train an EAGLE head for the demo target on its corpus split.", EagleTrainConfig.steps,
+                    EagleTrainConfig.lr).parse_args()
     train_files, held = split_corpus()
-    cfg = EagleTrainConfig(steps=a.steps, eval_windows=32, eval_every=100, threads=a.threads)
+    cfg = EagleTrainConfig(steps=a.steps, lr=a.lr, eval_windows=32, eval_every=100, threads=a.threads)
     train(a.target, [str(f) for f in train_files], a.out, cfg, heldout=[str(f) for f in held], resume=a.resume)
 
 

@@ -13,6 +13,9 @@ so deeper steps learn from the head's own predicted features. Loss (no feature r
 EAGLE-3): sum_j decay^j · CE(p, q_j) with p the target's next-token distribution at that position
 (soft labels) restricted to the draft vocabulary, over the positions whose target argmax is in it.
 With ``draft_vocab`` > 0 the draft vocabulary is the most frequent training tokens (SafeAILab's rule).
+With ``ttt_positions`` > 0 the steps j >= 1 run on that many random rows of the window only (a row's
+chain reads only its own earlier steps and step 0, so this is exact for those rows), which makes
+deep unrolling cheap.
 Held-out evaluation: top-1/top-5 agreement of step 0 with the target's greedy token (comparable to
 EAGLE-1's), top-1 against the text, and top-1 per step (``top1_by_step``).
 
@@ -41,8 +44,10 @@ class Eagle3TrainConfig:
     seq: int = 256  # tokens per window
     lr: float = 1e-3  # peak AdamW learning rate (5% warm-up, cosine decay to 10%)
     ttt_steps: int = 5  # k: drafting steps unrolled per window (training-time test)
+    ttt_positions: int = 0  # rows per window that steps 1..k-1 train on, drawn at random (0 = all): cheaper deep steps
     step_decay: float = 0.8  # step j's loss weight is step_decay^j (SafeAILab's 0.8)
     draft_vocab: int = 0  # Vd: the head's vocabulary, the most frequent training tokens (0 = the target's)
+    aux_layers: tuple = ()  # the 3 target layers fused (HF hidden_states indices); () = EAGLE-3's default
     eval_every: int = 50  # steps between held-out evaluations
     eval_windows: int = 16  # held-out windows per evaluation
     save_every: int = 50  # steps between checkpoints
@@ -50,19 +55,21 @@ class Eagle3TrainConfig:
     threads: int = 1  # torch intra-op threads (resume needs the same count to be bit-exact)
     dtype: str = "fp16"  # weights of the written head: fp16 | fp32
 
+    def __post_init__(self):
+        object.__setattr__(self, "aux_layers", tuple(self.aux_layers))  # a checkpoint's JSON list compares equal
 
-def ttt_mask(step: int, rows: int, dtype):
-    """Additive mask [1, 1, n, P + n] of TTT step ``step`` (n = rows - step queries) over the keys of steps
-    0..step (step i holds rows - i rows): causal over step 0, the diagonal (the row's own draft rows) over the rest."""
+
+def ttt_mask(blocks: list, dtype):
+    """Additive mask [1, 1, n, P + n] of one TTT step over the keys of steps 0..j. blocks: per step i <= j the rows
+    (window positions t, int [n_i]) it computed, the last = this step's queries. A query of row t sees step 0's
+    rows <= t (the committed rows) and, of every later step, its own row t (its ancestors in the draft tree)."""
     import torch
 
     from ...contract import MASK_MIN
 
-    n = rows - step
-    blocks = [torch.tril(torch.ones(n, rows, dtype=torch.bool))]  # step 0: the committed rows 0..t
-    blocks += [torch.eye(n, rows - i, dtype=torch.bool) for i in range(1, step + 1)]
-    visible = torch.cat(blocks, 1) if step else blocks[0][:, :n]
-    return torch.where(visible, 0.0, MASK_MIN).to(dtype)[None, None]
+    t = blocks[-1][:, None]  # [n, 1]
+    visible = [blocks[0][None] <= t] + [rows[None] == t for rows in blocks[1:]]  # [n, n_i] each
+    return torch.where(torch.cat(visible, 1), 0.0, MASK_MIN).to(dtype)[None, None]
 
 
 def target_features(model, ids, layers):
@@ -74,40 +81,49 @@ def target_features(model, ids, layers):
     return torch.cat([out.hidden_states[i] for i in layers], -1), out.logits
 
 
-def ttt_forward(head, aux, ids, k: int) -> list:
-    """The head unrolled k steps over a window: aux [B, T, 3H], ids [B, T] -> per step j the logits
-    [B, T-1-j, V] of rows t = 0..T-2-j (row t of step j predicts the token at t+2+j)."""
+def ttt_forward(head, aux, ids, k: int, subset=None) -> list:
+    """The head unrolled k steps over a window: aux [B, T, 3H], ids [B, T] -> per step j (rows, logits): the rows t
+    it computed (int [n_j]: 0..T-2-j, or those in ``subset`` for j >= 1) and their draft-vocabulary logits
+    [B, n_j, Vd] (row t of step j predicts the token at t+2+j)."""
+    rows = ids.shape[1] - 1
+    return unroll(head.step, head.fuse(aux[:, :rows]), ids, k, head.empty_past(ids.shape[0], aux.dtype), subset)
+
+
+def unroll(step, g, ids, k: int, empty, subset=None) -> list:
+    """Any EAGLE head drafting k steps over a window as TTT trains it: step(ids, g, positions, mask, past_k,
+    past_v) -> (logits, new_k, new_v, h); g [B, T-1, H] the rows' first features, empty [0, B, Hkv, D].
+    ``subset`` (int, ascending; None = all rows): the rows steps 1..k-1 compute. A row's chain of steps only
+    reads its own earlier steps and step 0, so a subset computes exactly what all rows compute there."""
     import torch
 
-    b, t = ids.shape
-    rows = t - 1
-    g = head.fuse(aux[:, :rows])  # [B, T-1, H] fused features of rows 0..T-2
-    past_k = past_v = head.empty_past(b, aux.dtype)
-    out = []
+    b, rows = g.shape[0], ids.shape[1] - 1
+    past_k = past_v = empty
+    blocks, out, h = [], [], g  # per step its rows; per step (rows, logits); the last step's features
     for j in range(min(k, rows)):
-        n = rows - j
-        pos = (torch.arange(n) + j)[None].expand(b, -1)
-        logits, new_k, new_v, h = head(ids[:, 1 + j : 1 + j + n], g[:, :n], pos, ttt_mask(j, rows, aux.dtype),
-                                       past_k, past_v)
-        out.append(logits)
+        t = torch.arange(rows - j)  # [n] this step's rows
+        if j and subset is not None:
+            t = subset[subset < rows - j]
+        feats = h if j == 0 else h[:, torch.searchsorted(blocks[-1], t)]  # [B, n, H] row t: step j-1's h_t
+        blocks.append(t)
+        logits, new_k, new_v, h = step(ids[:, t + 1 + j], feats, (t + j)[None].expand(b, -1),
+                                       ttt_mask(blocks, g.dtype), past_k, past_v)
+        out.append((t, logits))
         past_k, past_v = torch.cat((past_k, new_k)), torch.cat((past_v, new_v))
-        g = h  # step j+1's row t reads this step's h_t
     return out
 
 
-def ttt_loss(head, aux, teacher_logits, ids, cfg: Eagle3TrainConfig):
-    """Returns (loss, per-step CE list). teacher_logits [B, T, V]: the frozen target's."""
+def ttt_loss(head, aux, teacher_logits, ids, cfg: Eagle3TrainConfig, subset=None):
+    """Returns (loss, per-step CE list). teacher_logits [B, T, V]: the frozen target's; subset: the rows steps >= 1
+    train on (None = all)."""
     import torch
 
-    draft_ids = torch.nonzero(head.t2d).squeeze(-1)  # [Vd] target ids of the draft vocabulary, ascending
+    teacher = teacher_logits[:, 1:].float()  # [B, T-1, V] the target's logits after position t+1
+    keep_all = head.t2d[teacher.argmax(-1)].float()  # [B, T-1] positions whose target argmax the head can propose
+    p_all = torch.softmax(teacher[..., head.draft_ids()], -1)  # [B, T-1, Vd]
     total, per_step = 0.0, []
-    for j, logits in enumerate(ttt_forward(head, aux, ids, cfg.ttt_steps)):
-        n = logits.shape[1]
-        teacher = teacher_logits[:, 1 + j : 1 + j + n].float()  # [B, n, V] target's p at position t+1+j
-        keep = head.t2d[teacher.argmax(-1)].float()  # [B, n] positions whose target argmax the head can propose
-        p = torch.softmax(teacher[..., draft_ids], -1)  # [B, n, Vd]
-        logq = torch.log_softmax(logits[..., draft_ids], -1)
-        ce = (-(p * logq).sum(-1) * keep).sum() / keep.sum().clamp(min=1.0)
+    for j, (t, logits) in enumerate(ttt_forward(head, aux, ids, cfg.ttt_steps, subset)):
+        p, keep = p_all[:, t + j], keep_all[:, t + j]  # step j's row t: the target at position t+1+j
+        ce = (-(p * torch.log_softmax(logits, -1)).sum(-1) * keep).sum() / keep.sum().clamp(min=1.0)
         per_step.append(float(ce.detach()))
         total = total + cfg.step_decay ** j * ce
     return total, per_step
@@ -124,18 +140,28 @@ def evaluate(model, head, windows, k: int) -> dict:
             ids = torch.from_numpy(w)[None]  # [1, T]
             aux, logits = target_features(model, ids, head.cfg.aux_layers)
             greedy = logits[0, 1:].argmax(-1)  # [T-1] target's token after position t+1
-            steps = ttt_forward(head, aux, ids, k)
-            top = steps[0][0].topk(5, -1).indices  # [T-1, 5]
+            steps = [head.draft_ids()[s.topk(5, -1).indices] for _, s in ttt_forward(head, aux, ids, k)]
+            top = steps[0][0]  # [T-1, 5] target ids of the 5 best draft ids
             hits1 += int((top[:, 0] == greedy).sum())
             hits5 += int((top == greedy[:, None]).any(-1).sum())
             text += int((top[:-1, 0] == ids[0, 2:]).sum())
             count += len(greedy)
             for j, s in enumerate(steps):
-                by_step[j] += int((s[0].argmax(-1) == greedy[j : j + s.shape[1]]).sum())
+                by_step[j] += int((s[0, :, 0] == greedy[j : j + s.shape[1]]).sum())
                 by_count[j] += s.shape[1]
     return {"top1": round(hits1 / count, 4), "top5": round(hits5 / count, 4),
             "top1_text": round(text / max(1, count - len(windows)), 4),
             "top1_by_step": (by_step / np.maximum(by_count, 1)).round(4).tolist()}
+
+
+def deep_rows(rng: np.random.Generator, cfg: Eagle3TrainConfig):
+    """The rows (ascending int tensor) steps >= 1 train on this step, drawn by ``rng``; None = every row."""
+    import torch
+
+    rows = cfg.seq - 1
+    if not 0 < cfg.ttt_positions < rows:
+        return None
+    return torch.from_numpy(np.sort(rng.choice(rows, cfg.ttt_positions, replace=False)))
 
 
 def new_head(model, cfg: Eagle3TrainConfig, train_ids, vocab_sha: str):
@@ -145,8 +171,12 @@ def new_head(model, cfg: Eagle3TrainConfig, train_ids, vocab_sha: str):
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if not 0 <= cfg.draft_vocab <= vocab:
         raise TrainError(f"draft_vocab {cfg.draft_vocab} outside 0..{vocab} (the target's vocabulary)")
+    over = {"aux_layers": list(cfg.aux_layers)} if cfg.aux_layers else {}
     hcfg = Eagle3Config.for_target(model, target_vocab_sha256=vocab_sha,
-                                   draft_vocab_size=cfg.draft_vocab if cfg.draft_vocab < vocab else 0)
+                                   draft_vocab_size=cfg.draft_vocab if cfg.draft_vocab < vocab else 0, **over)
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    if len(hcfg.aux_layers) != 3 or not all(0 <= i < layers for i in hcfg.aux_layers):
+        raise TrainError(f"aux_layers {list(hcfg.aux_layers)}: needs 3 layer indices in 0..{layers - 1}")
     head = Eagle3Head(hcfg)
     if hcfg.draft_vocab_size:
         head.set_vocab_map(draft_vocab_from_ids(train_ids, vocab, hcfg.draft_vocab_size))
@@ -174,7 +204,7 @@ def train(target_dir, data, out, cfg: Eagle3TrainConfig, heldout=None, resume: b
 
     def one_step(ids):
         aux, logits = target_features(model, ids, head.cfg.aux_layers)
-        loss, per_step = ttt_loss(head, aux, logits, ids, cfg)
+        loss, per_step = ttt_loss(head, aux, logits, ids, cfg, deep_rows(rng, cfg))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -199,13 +229,17 @@ def train(target_dir, data, out, cfg: Eagle3TrainConfig, heldout=None, resume: b
 def main() -> None:
     from .demo import split_corpus
 
-    ap = demo_parser("Train an EAGLE-3 head for the demo target on its corpus split.", Eagle3TrainConfig.steps)
+    ap = demo_parser("Train an EAGLE-3 head for the demo target on its corpus split.", Eagle3TrainConfig.steps,
+                     Eagle3TrainConfig.lr)
     ap.add_argument("--ttt-steps", type=int, default=Eagle3TrainConfig.ttt_steps)
     ap.add_argument("--draft-vocab", type=int, default=0)
+    ap.add_argument("--ttt-positions", type=int, default=0)
+    ap.add_argument("--aux-layers", type=int, nargs=3, default=None, help="default: EAGLE-3's (2, L//2, L-3)")
     a = ap.parse_args()
     train_files, held = split_corpus()
-    cfg = Eagle3TrainConfig(steps=a.steps, ttt_steps=a.ttt_steps, draft_vocab=a.draft_vocab, eval_windows=32,
-                            eval_every=100, threads=a.threads)
+    cfg = Eagle3TrainConfig(steps=a.steps, lr=a.lr, ttt_steps=a.ttt_steps, ttt_positions=a.ttt_positions,
+                            draft_vocab=a.draft_vocab,
+                            aux_layers=tuple(a.aux_layers or ()), eval_windows=32, eval_every=100, threads=a.threads)
     train(a.target, [str(f) for f in train_files], a.out, cfg, heldout=[str(f) for f in held], resume=a.resume)
 
 

@@ -101,7 +101,7 @@ def test_ttt_rows_are_the_drafting_rows(target_model):
     ids = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(0))
     aux, _ = target_features(target_model, ids, head.cfg.aux_layers)
     with torch.no_grad():
-        steps = ttt_forward(head, aux, ids, 3)
+        steps = [logits for _, logits in ttt_forward(head, aux, ids, 3)]
         g = head.fuse(aux[:, :8])
         for t in (0, 3, 5):
             logits, pk, pv, h = head(ids[:, 1 : t + 2], g[:, : t + 1], torch.arange(t + 1)[None], causal_mask(0, t + 1),
@@ -113,6 +113,19 @@ def test_ttt_rows_are_the_drafting_rows(target_model):
                                         causal_mask(t + j, 1), pk, pv)
                 pk, pv = torch.cat((pk, nk)), torch.cat((pv, nv))
                 assert torch.allclose(lo[0, 0], steps[j][0, t], atol=1e-4), (t, j)
+
+
+def test_ttt_on_a_subset_of_rows_computes_those_rows(target_model):
+    """Deep steps on a subset of the rows (--ttt-positions) give exactly the all-rows logits of those rows."""
+    head = random_head(target_model, seed=2)
+    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(1))
+    aux, _ = target_features(target_model, ids, head.cfg.aux_layers)
+    subset = torch.tensor([0, 3, 7, 11, 14, 17])
+    with torch.no_grad():
+        full, part = ttt_forward(head, aux, ids, 5), ttt_forward(head, aux, ids, 5, subset)
+    for j, ((t_full, all_rows), (t, rows)) in enumerate(zip(full, part)):
+        assert t.tolist() == (list(range(19)) if j == 0 else [i for i in subset.tolist() if i < 19 - j])
+        assert torch.allclose(all_rows[:, t], rows, atol=1e-5), j
 
 
 # ---- training --------------------------------------------------------------------------------------
@@ -138,8 +151,8 @@ def test_saved_head_reloads(trained, target_model):
 
 
 def test_resume_continues_the_same_run(trained, tmp_path):
-    cfg = Eagle3TrainConfig(steps=6, batch=2, seq=16, ttt_steps=2, draft_vocab=DRAFT_V, eval_every=3, save_every=2,
-                            eval_windows=2, dtype="fp32")
+    cfg = Eagle3TrainConfig(steps=6, batch=2, seq=16, ttt_steps=3, ttt_positions=6, draft_vocab=DRAFT_V, eval_every=3,
+                            save_every=2, eval_windows=2, dtype="fp32")  # deep rows drawn from the checkpointed rng
     args = (trained["target"], [str(trained["data"])])
     full = train(*args, tmp_path / "full", cfg, **QUIET)
     part = train(*args, tmp_path / "split", cfg, stop_after=3, **QUIET)
@@ -154,9 +167,11 @@ def test_cli_train_export_generate(trained, tmp_path):
     runner = CliRunner()
     res = runner.invoke(cli, ["train", "eagle", "--version", "3", "--target", str(trained["target"]), "--data",
                               str(trained["data"]), "--out", str(tmp_path / "h"), "--steps", "3", "--batch", "2",
-                              "--seq", "16", "--eval-every", "3", "--ttt-steps", "2"])
+                              "--seq", "16", "--eval-every", "3", "--ttt-steps", "2", "--ttt-positions", "4",
+                              "--aux-layers", "1,4,5"])
     assert res.exit_code == 0, res.output
-    assert "held-out top-1" in res.output and json.loads((tmp_path / "h" / "config.json").read_text())["version"] == 3
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert "held-out top-1" in res.output and cfg["version"] == 3 and cfg["aux_layers"] == [1, 4, 5]
     res = runner.invoke(cli, ["export", "--target", str(trained["target"]), "--eagle", str(tmp_path / "h"),
                               "--eagle-nodes", "8", "--eagle-depth", "3", "--eagle-topk", "2", "--max-len", "40",
                               "--prefill-chunk", "16", "--gamma", "2", "--out", str(tmp_path / "e")])
@@ -166,6 +181,11 @@ def test_cli_train_export_generate(trained, tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.output[res.output.index("{"):])
     assert out["stats"]["method"] == "eagle" and len(out["token_ids"]) == 12
+    for bad, why in (("1,2", "three layer indices"), ("1,2,9", "needs 3 layer indices in 0..5")):
+        res = runner.invoke(cli, ["train", "eagle", "--version", "3", "--target", str(trained["target"]), "--data",
+                                  str(trained["data"]), "--out", str(tmp_path / "h2"), "--seq", "16", "--steps", "1",
+                                  "--aux-layers", bad])
+        assert res.exit_code != 0 and why in res.output and "Traceback" not in res.output, res.output
 
 
 # ---- decoding --------------------------------------------------------------------------------------
