@@ -339,5 +339,5 @@ def export_head_graph(head: EagleHead, path: Path, dtype: str = "fp32", opset: i
                         {"name": "new_key.0", "dtype": kv, "shape": new},
                         {"name": "new_value.0", "dtype": kv, "shape": new},
                         {"name": "next_hidden", "dtype": kv, "shape": ["batch", "q", cfg.hidden_size]}],
-            "parameters": sum(v.numel() for v in head.trained_state().values()),
+            "parameters": sum(v.numel() for v in head.trained_state().values() if v.is_floating_point()),
             "export_seconds": round(time.time() - t0, 1), "parity_max_abs_diff": diff, "tolerance": TOLERANCE[dtype]}
