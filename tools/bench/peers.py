@@ -42,8 +42,13 @@ PEERS = {
 
 SPECRT_WORKER = r'''
 import json, sys, time
-import specrt
-rt = specrt.load(sys.argv[1], threads=int(sys.argv[2]) or None)
+kind, engine, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if kind == "cpp":  # the C++ runtime (libspecrt at argv[4]) through its ctypes binding
+    from specrt.tools.libspecrt import CppEngine, load_library
+    rt = CppEngine(load_library(sys.argv[4]), engine, threads=threads)
+else:
+    import specrt
+    rt = specrt.load(engine, threads=threads or None)
 print("ready", flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -51,22 +56,6 @@ for line in sys.stdin:
     for ids in job["prompts"]:
         t0 = time.perf_counter()
         out = rt.generate(ids, max_new_tokens=job["max_new"], method=job["method"]).token_ids
-        seconds += time.perf_counter() - t0
-        tokens += len(out); outs.append(out)
-    print(json.dumps({"tokens_per_second": tokens / seconds, "outputs": outs}), flush=True)
-'''
-
-CPP_WORKER = r'''
-import json, sys, time
-from specrt.tools.libspecrt import CppEngine, load_library
-cpp = CppEngine(load_library(sys.argv[1]), sys.argv[2], threads=int(sys.argv[3]))
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    tokens, seconds, outs = 0, 0.0, []
-    for ids in job["prompts"]:
-        t0 = time.perf_counter()
-        out = cpp.generate(ids, max_new_tokens=job["max_new"], method=job["method"]).token_ids
         seconds += time.perf_counter() - t0
         tokens += len(out); outs.append(out)
     print(json.dumps({"tokens_per_second": tokens / seconds, "outputs": outs}), flush=True)
@@ -231,14 +220,14 @@ def systems(a, work: Path, log) -> tuple[dict, dict]:
     workers, missing = {}, {}
     for precision in a.precision:
         engine = build_specrt(a.model, a.draft, precision, work / f"specrt-{precision}")
-        workers[f"specrt {precision}"] = Worker(f"specrt {precision}", [sys.executable, "-c", SPECRT_WORKER,
+        workers[f"specrt {precision}"] = Worker(f"specrt {precision}", [sys.executable, "-c", SPECRT_WORKER, "python",
                                                                       str(engine), str(a.threads)])
         if a.cpp:  # the C++ runtime on the same engine dir (fixed γ = the exported one)
             from ..libspecrt import build, library_path
 
             lib = library_path(build(log=lambda *_: None))
             workers[f"specrt-cpp {precision}"] = Worker(f"specrt-cpp {precision}", [
-                sys.executable, "-c", CPP_WORKER, str(lib), str(engine), str(a.threads)])
+                sys.executable, "-c", SPECRT_WORKER, "cpp", str(engine), str(a.threads), str(lib)])
     pythons = {"onnxruntime-genai": a.genai_python, "llama.cpp": a.llama_python, "openvino-genai": a.openvino_python}
     for peer, python in pythons.items():
         python = python or sys.executable
