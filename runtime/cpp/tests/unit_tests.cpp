@@ -180,7 +180,7 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
     rethrown = std::string(e.what()) == "from the callback";
   }
   CHECK(rethrown);
-  CHECK(engine.generate({1, 5, 9}, p).token_ids.size() == 48);  // the engine still works
+  CHECK(!engine.generate({1, 5, 9}, p).token_ids.empty());  // the engine still works
 }
 
 }  // namespace
