@@ -12,7 +12,7 @@ import specrt
 from specrt.engines import EngineError
 from specrt.export.eagle_head import (EagleConfig, EagleHead, causal_mask, export_head_graph, load_head,
                                       parity_cases, INPUTS)
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
+from specrt.export.onnx_export import ExportConfig, ExportError, export_engine
 from specrt.runtime.proposers.eagle import dynamic_tree, log_softmax
 from specrt.trees import compile_tree
 from specrt.tools.cli import cli
@@ -37,16 +37,6 @@ def trained(eagle_trained):
 @pytest.fixture(scope="module")
 def engine(eagle_engine):
     return eagle_engine
-
-
-@pytest.fixture(scope="module")
-def rt(engine):
-    return specrt.load(engine)
-
-
-@pytest.fixture(scope="module")
-def target_model(trained):
-    return load_hf(trained["target"])
 
 
 # ---- head module and graph -------------------------------------------------------------------------

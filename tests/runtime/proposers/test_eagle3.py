@@ -12,7 +12,7 @@ from specrt.engines.ort import OrtEngine
 from specrt.export.eagle3_head import (Eagle3Config, Eagle3Head, default_aux_layers, export_head3_graphs,
                                        load_head3)
 from specrt.export.eagle_head import INPUTS, parity_cases
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
+from specrt.export.onnx_export import ExportConfig, ExportError, export_engine
 from specrt.tools.cli import cli
 from specrt.tools.train.eagle3 import Eagle3TrainConfig, target_features, train, ttt_forward
 from reference import assert_batched_rows_equal_batch1, assert_head_cache_matches_fresh, fresh_runner
@@ -44,16 +44,6 @@ def trained(tmp_path_factory):
 def engine(trained):
     return export_engine(trained["target"], trained["root"] / "engine", log=lambda *_: None, eagle_dir=trained["head"],
                          cfg=ExportConfig(gamma=3, max_len=48, prefill_chunk=16), eagle_tree=EAGLE_TREE)
-
-
-@pytest.fixture(scope="module")
-def rt(engine):
-    return specrt.load(engine)
-
-
-@pytest.fixture(scope="module")
-def target_model(trained):
-    return load_hf(trained["target"])
 
 
 def random_head(model, draft_vocab=0, seed=0):

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import specrt
 from specrt.engines import EngineError
 from specrt.export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf, vocab_sha256
+from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, vocab_sha256
 from specrt.runtime import verify
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers import NoProposer, Proposal
@@ -37,16 +37,6 @@ def trained(medusa_trained):
 @pytest.fixture(scope="module")
 def engine(medusa_engine):
     return medusa_engine
-
-
-@pytest.fixture(scope="module")
-def rt(engine):
-    return specrt.load(engine)
-
-
-@pytest.fixture(scope="module")
-def target_model(trained):
-    return load_hf(trained["target"])
 
 
 # ---- training ------------------------------------------------------------------------------------
