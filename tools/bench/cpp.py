@@ -18,28 +18,14 @@ from pathlib import Path
 import numpy as np
 
 
-def python_engine_seconds(rt) -> float:
-    """ORT time so far of the runtime's shared batch-1 runners (target and draft)."""
-    return sum(runner.engine_seconds for runner, _ in rt._shared.values())
-
-
-def run_python(rt, prompts, method, temperature, max_new, gamma) -> tuple[int, float, float]:
-    tokens, wall, engine = 0, 0.0, 0.0
-    for i, ids in enumerate(prompts):
-        e0, t0 = python_engine_seconds(rt), time.perf_counter()
-        out = rt.generate(ids, max_new_tokens=max_new, method=method, temperature=temperature, seed=i, gamma=gamma)
-        wall += time.perf_counter() - t0
-        engine += python_engine_seconds(rt) - e0
-        tokens += len(out.token_ids)
-    return tokens, wall, engine
-
-
-def run_cpp(cpp, prompts, method, temperature, max_new, gamma) -> tuple[int, float, float]:
+def run(runtime, prompts, method, temperature, max_new, gamma) -> tuple[int, float, float]:
+    """(tokens, wall seconds, seconds inside ONNX Runtime) over the prompts; ``runtime``: a ``Runtime`` or a
+    ``CppEngine`` (the same ``generate`` and the same ``engine_seconds`` stat)."""
     tokens, wall, engine = 0, 0.0, 0.0
     for i, ids in enumerate(prompts):
         t0 = time.perf_counter()
-        out = cpp.generate(ids, max_new_tokens=max_new, method=method, temperature=temperature, seed=i, gamma=gamma)
-        wall += time.perf_counter() - t0  # the ctypes call included
+        out = runtime.generate(ids, max_new_tokens=max_new, method=method, temperature=temperature, seed=i, gamma=gamma)
+        wall += time.perf_counter() - t0  # for the C++ runtime the ctypes call included
         engine += out.stats["engine_seconds"]
         tokens += len(out.token_ids)
     return tokens, wall, engine
@@ -71,8 +57,8 @@ def main(argv=None) -> None:
         for method in methods:
             cells = {"cpp": [], "python": []}
             for _ in range(args.rounds):
-                cells["cpp"].append(run_cpp(cpp, prompts, method, temperature, args.max_new, args.gamma))
-                cells["python"].append(run_python(rt, prompts, method, temperature, args.max_new, args.gamma))
+                for name, runtime in (("cpp", cpp), ("python", rt)):
+                    cells[name].append(run(runtime, prompts, method, temperature, args.max_new, args.gamma))
             row = {"method": method, "temperature": temperature}
             for name, runs in cells.items():
                 tps = [t / w for t, w, _ in runs]

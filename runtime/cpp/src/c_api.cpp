@@ -96,9 +96,7 @@ specrt_status specrt_generate(specrt_engine *engine, const int64_t *prompt, size
                               int64_t *out, size_t out_capacity, specrt_result *result) {
   return guarded([&] {
     if (!engine || !params || !result || (!prompt && prompt_len)) argument("engine, params and result must not be NULL");
-    if (params->max_new_tokens < 1)
-      argument("max_new_tokens must be an integer >= 1, got " + std::to_string(params->max_new_tokens));
-    if (!out || out_capacity < static_cast<size_t>(params->max_new_tokens))
+    if (!out || static_cast<int64_t>(out_capacity) < params->max_new_tokens)  // (max_new_tokens itself: the engine checks it)
       argument("out_capacity " + std::to_string(out_capacity) + " < max_new_tokens " + std::to_string(params->max_new_tokens));
     GenerateRequest req;
     req.prompt.assign(prompt, prompt + prompt_len);

@@ -55,6 +55,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   const int gamma = resolve_gamma(req.gamma, method);
   const Sampling &s = req.sampling;
   const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0);
+  const int64_t target_calls_before = target_->calls;
 
   Generation g;
   Counts &c = g.counts;
@@ -73,7 +74,6 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
 
   target_->rollback(0);
   const float *logits = target_->prefill(req.prompt);
-  c.target_passes += (n_prompt + target_->prefill_chunk() - 1) / target_->prefill_chunk();
   bool done = emit(next_token(logits, vocab, s, rng, scratch_row_));
   std::optional<DraftProposer> draft;
   NGramIndex ngram;
@@ -105,7 +105,6 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
                                  : verify_sampled(p.tokens, p.q, logits, vocab, s, rng, scratch_p_);
     target_->commit(v.accepted + 1);  // the last token and the accepted proposals
     const int proposed = static_cast<int>(p.tokens.size());
-    c.target_passes += 1;
     c.rounds += 1;
     c.proposed += proposed;
     c.accepted += v.accepted;
@@ -114,6 +113,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     if (!done) done = emit(v.next);
   }
   if (method == "suffix" && started) suffix_cache_.add(seq);  // it joins the global index
+  c.target_passes = target_->calls - target_calls_before;  // prefill chunks and rounds
   c.draft_passes = draft ? draft->passes : 0;
   c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - engine_before;
   c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,7 +1,6 @@
 #include "graph.h"
 
 #include <chrono>
-#include <cstring>
 
 #include "error.h"
 
@@ -26,7 +25,9 @@ bool is_int(const std::string &dim) { return !dim.empty() && dim.find_first_not_
 }  // namespace
 
 Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us)
-    : spec_(spec), max_len_(max_len), elem_(spec.dtype == "fp16" ? 2 : 4), in_place_(spec.kv_layout == "in_place") {
+    : spec_(spec), max_len_(max_len), elem_(spec.dtype == "fp16" ? 2 : 4),
+      kv_type_(elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
+      in_place_(spec.kv_layout == "in_place") {
   Ort::SessionOptions options;
   options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (threads > 0) options.SetIntraOpNumThreads(threads);
@@ -52,10 +53,9 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   outputs_.resize(1);  // logits
   if (in_place_) {  // the whole buffer, bound as past and as present once: the graph writes its new entries in place
     const int64_t shape[] = {1, spec.num_kv_heads, max_len, spec.head_dim};
-    const auto type = elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     for (auto &plane : planes_) {
-      inputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, type));
-      outputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, type));
+      inputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type_));
+      outputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type_));
     }
   } else {
     inputs_.resize(small + planes_.size());
@@ -114,7 +114,6 @@ const float *Graph::forward(const int64_t *ids, int q) {
     throw RuntimeFailure("KV cache full: " + std::to_string(length_) + " + " + std::to_string(q) + " tokens > max_len " +
                          std::to_string(max_len_));
   const int L = length_, V = spec_.vocab_size;
-  const auto kv_type = elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   positions_.resize(q);
   for (int i = 0; i < q; ++i) positions_[i] = L + i;
   build_mask(q);
@@ -124,7 +123,7 @@ const float *Graph::forward(const int64_t *ids, int q) {
   total_ = L + q;
   inputs_[0] = Ort::Value::CreateTensor<int64_t>(memory_, const_cast<int64_t *>(ids), q, ids_shape, 2);
   inputs_[1] = Ort::Value::CreateTensor<int64_t>(memory_, positions_.data(), q, ids_shape, 2);
-  inputs_[2] = Ort::Value::CreateTensor(memory_, mask_.data(), mask_.size(), mask_shape, 4, kv_type);
+  inputs_[2] = Ort::Value::CreateTensor(memory_, mask_.data(), mask_.size(), mask_shape, 4, kv_type_);
   outputs_[0] = Ort::Value::CreateTensor<float>(memory_, logits_.data(), logits_.size(), logits_shape, 3);
   if (in_place_) {
     inputs_[3] = Ort::Value::CreateTensor<int32_t>(memory_, &seqlens_k_, 1, one, 1);
@@ -134,8 +133,8 @@ const float *Graph::forward(const int64_t *ids, int q) {
     const int64_t past_shape[] = {L, 1, hkv, d}, new_shape[] = {q, 1, hkv, d};
     for (size_t j = 0; j < planes_.size(); ++j) {  // past = cache[:L]; the new K/V land in cache[L:L+q]
       uint8_t *plane = planes_[j].data();
-      inputs_[3 + j] = Ort::Value::CreateTensor(memory_, plane, entry_bytes_ * L, past_shape, 4, kv_type);
-      outputs_[1 + j] = Ort::Value::CreateTensor(memory_, plane + entry_bytes_ * L, entry_bytes_ * q, new_shape, 4, kv_type);
+      inputs_[3 + j] = Ort::Value::CreateTensor(memory_, plane, entry_bytes_ * L, past_shape, 4, kv_type_);
+      outputs_[1 + j] = Ort::Value::CreateTensor(memory_, plane + entry_bytes_ * L, entry_bytes_ * q, new_shape, 4, kv_type_);
     }
   }
   auto t0 = std::chrono::steady_clock::now();

@@ -30,7 +30,6 @@ class Graph {
   int length() const { return length_; }
   int room() const { return max_len_ - length_; }
   int vocab() const { return spec_.vocab_size; }
-  int prefill_chunk() const { return spec_.prefill_chunk; }
 
   double engine_seconds = 0;  // time inside Session::Run
   int64_t calls = 0;          // Session::Run calls
@@ -42,6 +41,7 @@ class Graph {
   GraphSpec spec_;
   int max_len_, length_ = 0, last_q_ = 0;
   size_t elem_;                       // bytes per K/V element (4 fp32, 2 fp16)
+  ONNXTensorElementDataType kv_type_;  // the mask's and K/V's element type (the model dtype)
   size_t entry_bytes_;                // one time step of one plane: Hkv * D * elem
   bool in_place_;
   Ort::Session session_{nullptr};
