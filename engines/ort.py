@@ -133,7 +133,16 @@ class Binding:
         self.binding = self.session.io_binding()
         self.bound: dict[str, np.ndarray] = {}  # name -> the array whose address is bound
         self.outputs: dict[str, np.ndarray] = {}  # output name -> its preallocated array
-        self.decode_fed = None  # a caller's marker of the arrays it bound last (reset by ``inputs``)
+        self.fed = None  # a caller's marker of the arrays it bound last (reset by ``inputs`` and by ``output`` rebinding)
+        # ORT's Python wrappers check for WebGPU graph capture on every call; a decode step calls the
+        # pybind objects underneath them (the same calls, without that bookkeeping) where they exist.
+        c_session, c_binding = getattr(self.session, "_sess", None), getattr(self.binding, "_iobinding", None)
+        if c_session is not None and c_binding is not None:
+            self._run = lambda: c_session.run_with_iobinding(c_binding, None)
+            self._bind = c_binding.bind_input  # (name, numpy array): bound by address
+        else:
+            self._run = lambda: self.session.run_with_iobinding(self.binding)
+            self._bind = self.binding.bind_cpu_input
 
     def cache(self, past: str, present: str, buffer: np.ndarray) -> None:
         """Bind ``buffer`` (C-contiguous, never copied) as input ``past`` and output ``present``."""
@@ -144,11 +153,14 @@ class Binding:
             self.bound[name] = buffer
 
     def inputs(self, **arrays: np.ndarray) -> None:
-        self.decode_fed = None
+        self.fed = None
         for name, a in arrays.items():
-            a = np.ascontiguousarray(a)
-            self.binding.bind_cpu_input(name, a)  # by address, no copy
-            self.bound[name] = a
+            self.input(name, np.ascontiguousarray(a))
+
+    def input(self, name: str, a: np.ndarray) -> None:
+        """Bind one C-contiguous host array as input ``name`` (by address, no copy)."""
+        self._bind(name, a)
+        self.bound[name] = a
 
     def output(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
         """The array output ``name`` is written into on every run: bound once per shape (a new shape
@@ -158,9 +170,10 @@ class Binding:
             out = np.empty(shape, dtype=dtype)
             self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
             self.bound[name] = self.outputs[name] = out
+            self.fed = None
         return out
 
     def run(self) -> dict[str, np.ndarray]:
         """Run the graph; returns the arrays bound with ``output`` (the cache is written in place)."""
-        self.session.run_with_iobinding(self.binding)
+        self._run()
         return self.outputs

@@ -25,7 +25,7 @@ import numpy as np
 
 from .batch_policy import LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
 from .gamma import AlphaEstimate
-from .proposers import Proposal
+from .proposers import EMPTY, Proposal
 from .sampling import SamplingError, SamplingParams, next_token, penalize, top_logprobs
 from .stats import SequenceCounts, sequence_stats
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
@@ -168,7 +168,7 @@ class DecodeCore:
             self.rows.append(row)
             x = penalize(logits[None], row.params, row.seq, row.prompt_len)  # [1, V]
             tok = next_token(x[0], row.params, row.rng)
-            updates.append(self._emit(row, [tok], self._logprobs(row, x, [tok])))
+            updates.append(self._emit(row, [tok], self._logprobs(row, x, [0], [tok])))
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)
@@ -215,7 +215,10 @@ class DecodeCore:
             self._probes += 1
             ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
         drafting = [r for r, k in zip(rows, ks) if k]
-        proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
+        if drafting:
+            proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
+        else:  # no row drafts (γ = 0, no room): plain decoding, no proposer call
+            proposals, proposer_s = [EMPTY] * len(rows), 0.0
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         keeps, news, logprobs = [], [], []
         for b, (row, p) in enumerate(zip(rows, proposals)):
@@ -230,7 +233,7 @@ class DecodeCore:
             else:  # a tree keeps the root and the accepted path
                 keeps.append(np.concatenate([[0], path]))
                 news.append([*p.tokens[path - 1].tolist(), nxt])
-            logprobs.append(self._logprobs(row, logits[keeps[-1]], news[-1]))  # token j came from kept position j
+            logprobs.append(self._logprobs(row, logits, keeps[-1], news[-1]))  # token j came from kept position j
             self._record(row, decision.gamma, p, n)
         self.target.commit(out, keeps)
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
@@ -286,11 +289,12 @@ class DecodeCore:
         return result, dt
 
     # ---- output ------------------------------------------------------------------------------
-    def _logprobs(self, row: Row, logits: np.ndarray, tokens: list[int]) -> list[tuple] | None:
-        """(logprob, top alternatives) per emitted token if the request asks; logits [K, V]: the rows they came from."""
+    def _logprobs(self, row: Row, logits: np.ndarray, kept, tokens: list[int]) -> list[tuple] | None:
+        """(logprob, top alternatives) per emitted token if the request asks; token j came from row kept[j] of
+        logits [Q, V]."""
         if row.params.logprobs is None:
             return None
-        return top_logprobs(logits, tokens, row.params, row.params.logprobs)
+        return top_logprobs(logits[kept], tokens, row.params, row.params.logprobs)
 
     def _emit(self, row: Row, new: list[int], logprobs: list[tuple] | None = None) -> SequenceUpdate:
         """Apply EOS, stop ids, stop strings and the length limit to new tokens."""

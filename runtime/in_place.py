@@ -11,6 +11,10 @@ The same protocol as ``HostRunner``: ``forward`` returns a ``Pass`` and changes 
 = set the length, no copy), a tree keeps the root and the accepted path, moved down over the
 rejected nodes (a few rows per layer). Commit a slot's pass before the next forward on that slot.
 
+A one-row chain call (a decode step, a chain's verify pass: Q <= ``CHAIN_Q``) runs through arrays
+bound once per (slot, Q) (``ChainArrays``): it writes the tokens and positions in place and rebinds
+only the mask.
+
 ONNX Runtime's CPU GroupQueryAttention runs several rows together only for Q = 1: a call over
 R > 1 rows with Q > 1 runs row by row (each still in place), timed as one call.
 """
@@ -22,6 +26,35 @@ from ..contract import MASK_MIN, batch_mask, chain_mask, past_names, present_nam
 from ..engines import EngineError, OrtEngine
 from ..engines.ort import Binding
 from .runner import CacheFullError, Pass, Runner
+
+
+CHAIN_Q = 16  # chain calls of at most this many tokens (decode steps, verify passes) run through bound-once arrays
+
+
+class ChainArrays:
+    """The inputs and outputs of one slot's Q-token chain calls, bound once and written in place: per
+    call only the mask, whose past grows, is rebound (a view of the slot's mask buffer)."""
+
+    def __init__(self, q: int, mask_buffer: np.ndarray):
+        self.ids = np.zeros((1, q), np.int64)  # [1, Q] the tokens
+        self.offsets = np.arange(q, dtype=np.int64)  # [Q]
+        self.position = np.zeros((1, q), np.int64)  # [1, Q] their positions: the slot's length + offsets
+        self.seqlens_k = np.zeros(1, np.int32)  # [1] GroupQueryAttention's "total - 1"
+        self.total = np.zeros((), np.int32)  # [] entries once the chain is in
+        self.causal = np.where(np.tri(q, dtype=bool), 0, MASK_MIN).astype(np.float32)  # [Q, Q] over the chain
+        self.mask_buffer = mask_buffer  # float32 [CHAIN_Q * max_len], shared by the slot's chain calls
+        self.zeros = np.zeros((1, 1, 1, len(mask_buffer) // CHAIN_Q), np.float32) if q == 1 else None  # Q = 1: no causal part
+        self.outputs: dict[str, np.ndarray] = {}  # logits [1, Q, V] and features [1, Q, width], bound
+
+    def mask(self, past: int) -> np.ndarray:
+        """float32 [1, 1, Q, past + Q]: every valid entry, then causal over the chain (contiguous)."""
+        q = len(self.offsets)
+        if q == 1:  # one token attends to every entry: a view of zeros, nothing written
+            return self.zeros[..., : past + 1]
+        m = self.mask_buffer[: q * (past + q)].reshape(1, 1, q, past + q)
+        m[0, 0, :, :past] = 0
+        m[0, 0, :, past:] = self.causal
+        return m
 
 
 class InPlaceRunner(Runner):
@@ -42,7 +75,8 @@ class InPlaceRunner(Runner):
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
         self.bindings: dict[tuple[int, int], Binding] = {}  # (first slot, rows) -> a binding of those cache rows
-        self.decode_feeds: dict[int, dict] = {}  # slot -> the arrays its one-token calls write in place
+        self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
+        self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
         self.on_call = on_call
         self.engine_seconds = 0.0
         self.calls = 0
@@ -75,9 +109,9 @@ class InPlaceRunner(Runner):
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
+        if r == 1 and q <= CHAIN_Q and blocks is None and positions is None and self.lengths[slots[0]] + q <= self.max_len:
+            return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
-        if r == 1 and q == 1 and positions is None and int(lengths[0]) < self.max_len:  # one decode step
-            return self._timed(lambda: self._decode_one(int(slots[0]), int(ids[0, 0]), lengths), 1, 1, record)
         positions = self.positions(lengths, q, depths, positions)
         logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
         feats = {n: np.zeros((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
@@ -93,29 +127,26 @@ class InPlaceRunner(Runner):
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
 
-    def _decode_one(self, slot: int, token: int, lengths: np.ndarray) -> Pass:
-        """One token after slot ``slot``'s entries, through arrays bound once: per call only the mask
-        (a view of a bound-once zeros row: the chain mask of one token attends to everything) is rebound."""
+    def _chain(self, slot: int, ids: np.ndarray) -> Pass:
+        """Q <= CHAIN_Q tokens ``ids`` [Q] after slot ``slot``'s entries, causal, through ``ChainArrays``."""
+        q, n = len(ids), int(self.lengths[slot])
         b = self.binding(slot, 1)
-        f = self.decode_feeds.get(slot)
-        if f is None:
-            f = self.decode_feeds[slot] = {"input_ids": np.zeros((1, 1), np.int64),
-                                           "position_ids": np.zeros((1, 1), np.int64),
-                                           "seqlens_k": np.zeros(1, np.int32),
-                                           "total_sequence_length": np.zeros((), np.int32),
-                                           "mask": np.zeros((1, 1, 1, self.max_len), np.float32)}
-        n = int(lengths[0])
-        f["input_ids"][0, 0], f["position_ids"][0, 0], f["seqlens_k"][0], f["total_sequence_length"][()] = token, n, n, n + 1
-        if b.decode_fed is not f:  # bound by another kind of call since: bind the decode arrays again
-            b.inputs(**{k: v for k, v in f.items() if k != "mask"})
-            b.decode_fed = f
-        b.binding.bind_cpu_input("attention_mask", f["mask"][..., : n + 1])  # (f keeps the base array alive)
-        logits = b.output("logits", (1, 1, self.vocab_size))
-        feats = {n: b.output(n, (1, 1, w)) for n, w in self.features.items()}
+        a = self.chain_arrays.get((slot, q))
+        if a is None:
+            buffer = self.mask_buffers.setdefault(slot, np.zeros(CHAIN_Q * self.max_len, np.float32))
+            a = self.chain_arrays[slot, q] = ChainArrays(q, buffer)
+        a.ids[0] = ids
+        np.add(a.offsets, n, out=a.position[0])
+        a.seqlens_k[0], a.total[()] = n + q - 1, n + q
+        if b.fed is not a:  # bound by another kind of call since: bind this kind's arrays again
+            b.inputs(input_ids=a.ids, position_ids=a.position, seqlens_k=a.seqlens_k, total_sequence_length=a.total)
+            a.outputs = {"logits": b.output("logits", (1, q, self.vocab_size)),
+                         **{name: b.output(name, (1, q, w)) for name, w in self.features.items()}}
+            b.fed = a
+        b.input("attention_mask", a.mask(n))
         b.run()
-        # copied out: the next call rewrites the bound buffers
-        outputs = {"logits": logits.copy(), **{n: f.copy() for n, f in feats.items()}}
-        return Pass(np.array([slot]), outputs["logits"], outputs, lengths)
+        outputs = {name: out.copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
+        return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
     def _run(self, rows, slots, ids, lengths, positions, blocks, logits, feats) -> None:
         """One graph call over ``rows`` (indices into the pass; their slots are consecutive)."""

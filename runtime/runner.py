@@ -60,10 +60,10 @@ class Runner:
     def prefill_calls(self, n_tokens: int) -> int:
         return -(-n_tokens // self.prefill_chunk)
 
-    def _timed(self, call, rows: int, q: int, record: bool):
-        """``call()``, counted in ``engine_seconds`` / ``calls`` and, if ``record``, reported to ``on_call``."""
+    def _timed(self, call, rows: int, q: int, record: bool, *args):
+        """``call(*args)``, counted in ``engine_seconds`` / ``calls`` and, if ``record``, reported to ``on_call``."""
         t0 = time.perf_counter()
-        out = call()
+        out = call(*args)
         dt = time.perf_counter() - t0
         self.engine_seconds += dt
         self.calls += 1

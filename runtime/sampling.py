@@ -193,5 +193,5 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def next_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """Choose one token from one row of logits [V] under ``params``."""
     if params.greedy:
-        return int(np.argmax(logits))
+        return int(logits.argmax())
     return int(sample(probs(logits[None], params), rng)[0])

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenizers.decoders import DecodeStream
+
 
 @dataclass
 class StreamEvent:
@@ -13,39 +15,28 @@ class StreamEvent:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas.
-
-    Decodes a short window (prefix_offset..end) and emits what extends the already-emitted
-    part, so multi-byte characters split across tokens are held until complete ("\\ufffd").
-    """
+    """Turns a growing list of token ids into text deltas: tokenizers' ``DecodeStream``, which holds
+    a multi-byte character split across tokens until it is complete (one decode call per token)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-        self.prefix_text = ""  # decode(ids[prefix_offset:read_offset]), kept to decode once per token
-
-    def _decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.stream = DecodeStream(skip_special_tokens=True)
+        self.held: list[int] = []  # ids since the last delta: an incomplete character so far
 
     def add(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) > len(self.prefix_text) and not full.endswith("\ufffd"):
-            delta = full[len(self.prefix_text) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            self.prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
-            return delta
-        return ""
+        token_id = int(token_id)
+        delta = self.stream.step(self.tokenizer, token_id)
+        if delta is None:
+            self.held.append(token_id)
+            return ""
+        self.held.clear()
+        return delta
 
     def flush(self) -> str:
         """Whatever is still held (e.g. an incomplete character at the end)."""
-        full = self._decode(self.ids[self.prefix_offset :])
-        delta = full[len(self.prefix_text) :]
-        self.prefix_offset = self.read_offset = len(self.ids)
-        self.prefix_text = ""
-        return delta
+        tail = self.tokenizer.decode(self.held, skip_special_tokens=True) if self.held else ""
+        self.held = []
+        return tail
 
 
 class StopMatcher:

@@ -76,3 +76,22 @@ def test_padding_past_the_cache_is_cut_and_a_full_cache_refused(runners):
 
 def test_consecutive_runs():
     assert [r.tolist() for r in consecutive_runs(np.array([3, 4, 7, 8, 9, 1]))] == [[0, 1], [2, 3, 4], [5]]
+
+
+def test_chain_calls_through_bound_arrays_interleaved_with_tree_calls(runners):
+    """Decode steps and chain verifies (arrays bound once per Q, only the mask rebound) stay equal to the host
+    runner when tree calls and rollbacks on the same slot rebind the graph in between."""
+    pair = runners()
+    for r in pair:
+        r.prefill(0, [3, 5, 7])
+    mask = example_tree_mask().numpy()
+    depths = mask.sum(-1) - 1
+    for step, ids in enumerate([[1], [2, 3, 4, 5], [6], [7, 8, 9, 10], [11, 12], [13]]):
+        passes = both(pair, [0], [ids])
+        for r, p in zip(pair, passes):
+            r.commit(p, [list(range(min(len(ids), 1 + step % 2)))])  # keep 1 or 2: the rest rolled back
+        if step % 3 == 2:
+            passes = both(pair, [0], [np.arange(20, 28)], blocks=[mask], depths=[depths])
+            for r, p in zip(pair, passes):
+                r.commit(p, [[0, 2]])
+    assert pair[0].lengths.tolist() == pair[1].lengths.tolist()
