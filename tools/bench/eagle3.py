@@ -1,6 +1,6 @@
 """EAGLE-1 against EAGLE-3 on the demo target: held-out accuracy of the heads, tokens per pass on the code prompts.
 
-    python -m specrt.tools.bench.eagle3 --eagle3 HEAD_DIR [--eagle3 ...] [--eagle1 tools/demo_models/eagle] \
+    python -m specrt.tools.bench.eagle3 --eagle3 HEAD_DIR [--eagle3 ...] [--eagle1 tools/demo_models/eagle ...] \
         --out docs/bench/eagle3.json
 
 Exports one engine per head (the same target, the same dynamic tree: --nodes/--depth/--topk), then on
@@ -133,7 +133,7 @@ def measure(engines: dict, max_new_tokens: int, log) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = Path(__file__).resolve().parents[1] / "demo_models"
-    ap.add_argument("--eagle1", type=Path, default=here / "eagle")
+    ap.add_argument("--eagle1", type=Path, action="append", help="repeatable; default: the committed demo head")
     ap.add_argument("--eagle3", type=Path, required=True, action="append", help="repeatable: several EAGLE-3 heads")
     ap.add_argument("--work", type=Path, default=Path("/tmp/specrt_bench_eagle3"), help="where the engines go")
     ap.add_argument("--nodes", type=int, default=32)
@@ -142,7 +142,9 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    heads = {"eagle1": a.eagle1, **{"eagle3" + ("" if len(a.eagle3) == 1 else f":{d.name}"): d for d in a.eagle3}}
+    a.eagle1 = a.eagle1 or [here / "eagle"]
+    heads = {f"eagle{v}" + ("" if len(dirs) == 1 else f":{d.name}"): d for v, dirs in ((1, a.eagle1), (3, a.eagle3))
+             for d in dirs}
     engines = export_engines(heads, a.work, {"nodes": a.nodes, "depth": a.depth, "topk": a.topk}, lambda *_: None)
     rows = measure(engines, a.max_new_tokens, print)
     cards = {name: head_card(d) for name, d in heads.items()}

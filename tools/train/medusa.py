@@ -201,6 +201,7 @@ def training_loop(name: str, cfg, ckpt: Path, weights, load, opt, rng, train_ids
             bar.set_postfix(loss=f"{loss.item():.3f}")
             record = {"step": step, "loss": round(loss.item(), 4), **extra}
             if step % cfg.eval_every == 0 or step == cfg.steps:
+                record["seconds"] = round(seconds + time.time() - t0, 1)  # training time so far (wall-time comparisons)
                 record["eval"], line = evaluate()
                 bar.write(f"step {step}: loss {loss.item():.3f}; {line}")
             history.append(record)
