@@ -55,7 +55,8 @@ typedef struct specrt_open_options {
 
 typedef struct specrt_generate_params {
   const char *method;         /* "none" | "draft" | "ngram" | "suffix"; NULL: the engine dir's default (defaults.method) */
-  int gamma;                  /* proposal length per round, 0..manifest gamma; -1: defaults.gamma, else the exported gamma */
+  int gamma;                  /* proposal length per round, 0..manifest gamma; -1: defaults.gamma, else adaptive (per round,
+                                 the gamma with the highest predicted speed from measured pass times and acceptance) */
   double temperature;         /* 0 = greedy (argmax, lowest id on ties) */
   int top_k;                  /* 0 = off */
   double top_p;               /* in (0, 1]; 1 = off */

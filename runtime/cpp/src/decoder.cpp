@@ -14,6 +14,30 @@ Engine::Engine(const std::string &engine_dir, const Options &options) : manifest
                                     options.spin_duration_us);
   if (const GraphSpec *d = manifest_.draft())  // one thread: a draft step is too small to gain from a pool
     draft_ = std::make_unique<Graph>(env, manifest_.root, *d, manifest_.max_len, 1, options.spin_duration_us);
+  target_curve_ = LatencyCurve(manifest_.gamma + 1);
+  policy_ = GammaPolicy(manifest_.gamma, 8);
+}
+
+static double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void Engine::calibrate() {  // per q, the fastest of 3 calls after a warm-up, on the stale entries past the valid ones
+  const double engine_before = target_->engine_seconds;
+  const int64_t calls_before = target_->calls;
+  ids_.assign(manifest_.gamma + 1, 0);
+  for (int q = 1; q <= manifest_.gamma + 1 && q < target_->room(); ++q) {
+    if (target_curve_.measured(q)) continue;
+    double best = 1e30;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      target_->forward(ids_.data(), q);  // commits nothing
+      if (rep) best = std::min(best, seconds_since(t0));
+    }
+    target_curve_.record(q, best);
+  }
+  calibration_seconds_ += target_->engine_seconds - engine_before;  // not the requests' time: kept out of their stats
+  calibration_calls_ += target_->calls - calls_before;
 }
 
 std::string Engine::default_method() const {
@@ -33,7 +57,7 @@ std::string Engine::resolve_method(const std::string &method) const {
 
 int Engine::resolve_gamma(int gamma, const std::string &method) const {
   if (method == "none") return 0;
-  if (gamma < 0) return manifest_.default_gamma.value_or(manifest_.gamma);
+  if (gamma < 0) return manifest_.default_gamma.value_or(-2);
   if (gamma > manifest_.gamma)
     throw ArgumentError("gamma must be in 0.." + std::to_string(manifest_.gamma) + " (the exported gamma), got " +
                         std::to_string(gamma));
@@ -52,10 +76,11 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   for (int64_t id : req.prompt)
     if (id < 0 || id >= vocab) throw ArgumentError("token id " + std::to_string(id) + " outside the vocabulary 0.." + std::to_string(vocab - 1));
   const std::string method = resolve_method(req.method);
-  const int gamma = resolve_gamma(req.gamma, method);
+  const int fixed_gamma = resolve_gamma(req.gamma, method);
+  const bool adaptive = fixed_gamma == -2;
   const Sampling &s = req.sampling;
-  const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0);
-  const int64_t target_calls_before = target_->calls;
+  const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - calibration_seconds_;
+  const int64_t target_calls_before = target_->calls - calibration_calls_;
 
   Generation g;
   Counts &c = g.counts;
@@ -82,13 +107,25 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   const bool started = !done;  // a sequence that ends at its first token never reaches a proposer
   if (method == "draft") draft.emplace(*draft_);
   if (!done && draft) draft->start(req.prompt);
+  if (!done && adaptive) calibrate();
+  AlphaEstimate alpha = served_;
   while (!done) {  // one round: propose k, verify all of them in ONE target pass, keep the accepted prefix
     const int budget = limit - static_cast<int>(g.tokens.size());
-    const int k = budget <= 1 ? 0 : std::max(0, std::min({gamma, budget - 1, target_->room() - 1}));
+    const int room = budget <= 1 ? 0 : std::min(budget - 1, target_->room() - 1);  // proposals this round may hold
+    const int gamma = room <= 0  ? 0  // (the policy is not asked: a probe is never spent on a round that cannot draft)
+                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, draft ? draft_seconds_ : 0)
+                                 : fixed_gamma;
+    const int k = std::max(0, std::min(gamma, room));
     Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
     p.tokens.clear();
     p.q.clear();
-    if (k && draft) draft->propose(seq, k, s, rng, p);
+    if (k && draft) {
+      const double before_s = draft_->engine_seconds;
+      const int64_t before_calls = draft_->calls;
+      draft->propose(seq, k, s, rng, p);
+      const double per_call = (draft_->engine_seconds - before_s) / std::max<int64_t>(1, draft_->calls - before_calls);
+      draft_seconds_ = draft_seconds_ > 0 ? 0.9 * draft_seconds_ + 0.1 * std::min(per_call, 2 * draft_seconds_) : per_call;
+    }
     if (k && method == "ngram") {
       ngram.extend(seq);
       p.tokens = ngram.propose(k);
@@ -100,11 +137,15 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     }
     ids_.assign(1, seq.back());
     ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
+    const auto t_pass = std::chrono::steady_clock::now();
     logits = target_->forward(ids_.data(), static_cast<int>(ids_.size()));
+    if (adaptive) target_curve_.record(static_cast<int>(ids_.size()), seconds_since(t_pass));
     const Verdict v = s.greedy() ? verify_greedy(p.tokens, logits, vocab)
                                  : verify_sampled(p.tokens, p.q, logits, vocab, s, rng, scratch_p_);
     target_->commit(v.accepted + 1);  // the last token and the accepted proposals
     const int proposed = static_cast<int>(p.tokens.size());
+    alpha.update(proposed, v.accepted);
+    served_.update(proposed, v.accepted);
     c.rounds += 1;
     c.proposed += proposed;
     c.accepted += v.accepted;
@@ -113,10 +154,10 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     if (!done) done = emit(v.next);
   }
   if (method == "suffix" && started) suffix_cache_.add(seq);  // it joins the global index
-  c.target_passes = target_->calls - target_calls_before;  // prefill chunks and rounds
+  c.target_passes = target_->calls - calibration_calls_ - target_calls_before;  // prefill chunks and rounds
   c.draft_passes = draft ? draft->passes : 0;
-  c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - engine_before;
-  c.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - calibration_seconds_ - engine_before;
+  c.wall_seconds = seconds_since(t0);
   return g;
 }
 

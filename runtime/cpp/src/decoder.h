@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gamma_policy.h"
 #include "graph.h"
 #include "manifest.h"
 #include "proposers.h"
@@ -17,7 +18,7 @@ namespace specrt::impl {
 struct GenerateRequest {
   std::vector<int64_t> prompt;        // 1..max_len-1 ids
   std::string method;                 // "none" | "draft" | "ngram" | "suffix"; "": the engine dir's default
-  int gamma = -1;                     // proposal length, 0..manifest gamma; -1: defaults.gamma, else the exported gamma
+  int gamma = -1;                     // proposal length, 0..manifest gamma; -1: defaults.gamma, else adaptive (gamma_policy.h)
   Sampling sampling;
   uint64_t seed = 0;
   int max_new_tokens = 64;
@@ -53,7 +54,8 @@ class Engine {
 
  private:
   std::string resolve_method(const std::string &method) const;  // throws ArgumentError
-  int resolve_gamma(int gamma, const std::string &method) const;
+  int resolve_gamma(int gamma, const std::string &method) const;  // -2: adaptive
+  void calibrate();  // T(q) for the q = 1..gamma+1 not measured yet (adaptive γ)
 
   Manifest manifest_;
   std::unique_ptr<Graph> target_, draft_;
@@ -61,6 +63,13 @@ class Engine {
   Proposal proposal_;                            // the round's proposal, reused
   SuffixCache suffix_cache_{24, 1 << 16};        // method suffix: this engine's recent finished sequences (64K tokens)
   std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
+  // Adaptive γ (a request with gamma -1 on an engine dir whose defaults.gamma is null), kept across requests:
+  LatencyCurve target_curve_{1};  // T(q): seconds of a target pass over q = 1..gamma+1 positions
+  double draft_seconds_ = 0;      // D: EWMA seconds of one draft call (0 until measured)
+  AlphaEstimate served_;          // α over the sequences served: a new sequence starts from it
+  GammaPolicy policy_{0, 8};      // probes every 8 rounds off, as the Python runtime's batch-1 core
+  int64_t calibration_calls_ = 0;
+  double calibration_seconds_ = 0;
 };
 
 }  // namespace specrt::impl

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gamma_policy.h"
 #include "proposers.h"
 #include "sampling.h"
 #include "suffix.h"
@@ -109,6 +110,21 @@ void test_ngram() {
   CHECK(index.propose(2).empty());
 }
 
+void test_gamma_policy() {
+  LatencyCurve flat(5), linear(5);
+  for (int q = 1; q <= 5; ++q) flat.record(q, 1e-3), linear.record(q, q * 1e-3);
+  LatencyCurve noisy(3);
+  noisy.record(1, 2e-3), noisy.record(2, 1e-3), noisy.record(3, 4e-3);  // a cheaper Q = 2 is noise: pooled
+  CHECK(near(noisy.seconds(1), 1.5e-3) && near(noisy.seconds(2), 1.5e-3) && near(noisy.seconds(3), 4e-3));
+  CHECK(near(expected_tokens(0.5, 2), 1.75) && near(expected_tokens(1.0, 3), 4.0));
+  GammaPolicy high(4, 8), low(4, 8);
+  CHECK(high.decide(0.9, flat, 0.0) == 4);  // verification free, acceptance high: the longest chain
+  CHECK(high.decide(0.9, flat, 1e-3) < 4);  // a draft step as dear as a target pass: shorter
+  int probes = 0;
+  for (int round = 0; round < 16; ++round) probes += low.decide(0.5, linear, 0.0);  // Q positions cost Q passes: off
+  CHECK(probes == 2);  // but every 8th round probes at γ = 1
+}
+
 std::string temp_dir() {
   char tmpl[] = "/tmp/specrt_unit_XXXXXX";
   return mkdtemp(tmpl);
@@ -189,6 +205,7 @@ int main() {
   test_probs();
   test_verify_distribution();
   test_ngram();
+  test_gamma_policy();
   test_suffix();
   test_manifest_errors();
   test_engine();

@@ -52,6 +52,19 @@ def test_a_wrong_rule_fails_the_harness(cpp_build, engine, target_model, method)
 
 
 def test_seeded_generations_repeat(lib, engine):
+    """At a fixed γ (an adaptive γ follows measured times, so the random stream's use can differ run to run)."""
     cpp = CppEngine(lib, engine)
-    runs = [cpp.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s, method="draft").token_ids for s in (5, 5, 6)]
+    runs = [cpp.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=s, method="draft", gamma=2).token_ids
+            for s in (5, 5, 6)]
     assert runs[0] == runs[1] != runs[2]
+
+
+def test_cpp_adaptive_gamma_is_exact(lib, engine, target_model):
+    """gamma -1 on an engine dir without defaults.gamma: γ per round from the measured pass times and the
+    acceptance so far (the past only), so the output still follows the target's distribution."""
+    cpp = CppEngine(lib, engine)
+    sampling = dict(temperature=1.0)
+    counts, totals = run_trials(cpp, PROMPT, 2500, V, method="draft", gamma=None, **sampling)
+    pv = p_values(counts, exact_joint(target_model, PROMPT, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["proposed"] > 100  # rounds at γ >= 1 ran (chosen, or the policy's probes)

@@ -40,6 +40,18 @@ def test_cpp_greedy_equals_python(lib, engine, method):
             assert len(prompt) + len(out.token_ids) == MAX_LEN and out.finish_reason == "length"
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
+def test_cpp_adaptive_gamma_greedy_equals_plain(lib, engine, method):
+    """gamma -1 on an engine dir without defaults.gamma: adaptive γ (gamma_policy.h); greedy output still
+    equals plain decoding token for token."""
+    cpp = CppEngine(lib, engine)
+    for name, prompt in prompts(MAX_LEN).items():
+        plain = cpp.generate(prompt, max_new_tokens=40, method="none")
+        out = cpp.generate(prompt, max_new_tokens=40, method=method)
+        assert out.token_ids == plain.token_ids, name
+        assert out.stats["target_passes"] <= plain.stats["target_passes"] + 1  # calibration is not the request's
+
+
 def test_cpp_on_the_demo_engine(lib, demo_engine):
     """The demo pair (fused graphs, an EOS id, a real vocabulary): C++ == Python for every method."""
     rt, cpp = specrt.load(demo_engine), CppEngine(lib, demo_engine)
