@@ -4,7 +4,7 @@ Per method (none, draft, ngram, suffix) and temperature (greedy, 0.8): tokens/s 
 time outside ONNX Runtime's Run calls as a share of wall time (the loop's overhead: sampling,
 verification, proposers, cache bookkeeping, and for Python the interpreter). Both runtimes open
 the same graphs with the same session options (target: ORT's default threads, 20 µs spin; draft:
-1 thread) and the same fixed γ (--gamma; the C++ runtime has no adaptive controller). Rounds alternate C++ / Python per cell so load drift hits both alike.
+1 thread) and the same fixed γ (--gamma: the loops compared, not the γ policies). Rounds alternate C++ / Python per cell so load drift hits both alike.
 
     python -m specrt.tools.bench.cpp [ENGINE_DIR] [--rounds 3] [--max-new 128] [--out docs/bench/cpp.json]
 """
@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--methods", default="none,draft,ngram,suffix")
-    ap.add_argument("--gamma", type=int, default=4, help="fixed γ for both (the C++ runtime has no adaptive γ)")
+    ap.add_argument("--gamma", type=int, default=4, help="fixed γ for both (the loops compared, not the γ policies)")
     ap.add_argument("--out", default="docs/bench/cpp.json")
     args = ap.parse_args(argv)
     engine = Path(args.engine) if args.engine else demo_engine_dir()
