@@ -57,7 +57,7 @@ std::string Engine::resolve_method(const std::string &method) const {
 
 int Engine::resolve_gamma(int gamma, const std::string &method) const {
   if (method == "none") return 0;
-  if (gamma < 0) return manifest_.default_gamma.value_or(-2);
+  if (gamma < 0) return manifest_.default_gamma.value_or(kAdaptive);
   if (gamma > manifest_.gamma)
     throw ArgumentError("gamma must be in 0.." + std::to_string(manifest_.gamma) + " (the exported gamma), got " +
                         std::to_string(gamma));
@@ -77,7 +77,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     if (id < 0 || id >= vocab) throw ArgumentError("token id " + std::to_string(id) + " outside the vocabulary 0.." + std::to_string(vocab - 1));
   const std::string method = resolve_method(req.method);
   const int fixed_gamma = resolve_gamma(req.gamma, method);
-  const bool adaptive = fixed_gamma == -2;
+  const bool adaptive = fixed_gamma == kAdaptive;
   const Sampling &s = req.sampling;
   const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - calibration_seconds_;
   const int64_t target_calls_before = target_->calls - calibration_calls_;

@@ -54,7 +54,8 @@ class Engine {
 
  private:
   std::string resolve_method(const std::string &method) const;  // throws ArgumentError
-  int resolve_gamma(int gamma, const std::string &method) const;  // -2: adaptive
+  static constexpr int kAdaptive = -2;  // resolve_gamma's answer for "the policy decides per round"
+  int resolve_gamma(int gamma, const std::string &method) const;   // 0..gamma, or kAdaptive
   void calibrate();  // T(q) for the q = 1..gamma+1 not measured yet (adaptive γ)
 
   Manifest manifest_;
