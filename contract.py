@@ -19,6 +19,8 @@ Nothing here imports the rest of specrt.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 MASK_MIN = -65504.0  # additive value for masked positions: float16's most negative finite value, so the
@@ -88,12 +90,26 @@ def batch_mask(lengths: np.ndarray, q: int, blocks=None, past_visible: np.ndarra
     return mask
 
 
-def chain_mask(past: int, q: int, dtype=np.float32) -> np.ndarray:
-    """The mask of one unbatched causal call after ``past`` tokens: float [1, 1, Q, P+Q] (the fast path)."""
-    mask = np.zeros((1, 1, q, past + q), dtype=dtype)
-    if q > 1:
-        mask[0, 0, :, past:] = np.where(np.tri(q, dtype=bool), 0, MASK_MIN)
+def chain_mask(past: int, q: int, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
+    """The mask of one unbatched causal call after ``past`` tokens: float [1, 1, Q, P+Q] (the fast path).
+
+    out: a flat buffer of at least Q * (P+Q) elements of ``dtype`` to write it into (the result is a
+    contiguous view of it); None: a new array."""
+    if out is None:
+        mask = np.zeros((1, 1, q, past + q), dtype=dtype)
+    else:
+        mask = out[: q * (past + q)].reshape(1, 1, q, past + q)
+        mask[0, 0, :, :past] = 0
+    mask[0, 0, :, past:] = _causal(q, np.dtype(dtype).str)
     return mask
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(q: int, dtype: str) -> np.ndarray:
+    """[Q, Q] 0 on and below the diagonal, MASK_MIN above (read-only: shared by every caller)."""
+    block = np.where(np.tri(q, dtype=bool), 0, MASK_MIN).astype(dtype)
+    block.flags.writeable = False
+    return block
 
 
 def apply_sliding_window(mask: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:

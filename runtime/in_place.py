@@ -33,7 +33,7 @@ CHAIN_Q = 16  # chain calls of at most this many tokens (decode steps, verify pa
 
 class ChainArrays:
     """The inputs and outputs of one slot's Q-token chain calls, bound once and written in place: per
-    call only the mask, whose past grows, is rebound (a view of the slot's mask buffer)."""
+    call only the mask, whose past grows, is rebound (``chain_mask`` written into the slot's mask buffer)."""
 
     def __init__(self, q: int, mask_buffer: np.ndarray):
         self.ids = np.zeros((1, q), np.int64)  # [1, Q] the tokens
@@ -41,20 +41,8 @@ class ChainArrays:
         self.position = np.zeros((1, q), np.int64)  # [1, Q] their positions: the slot's length + offsets
         self.seqlens_k = np.zeros(1, np.int32)  # [1] GroupQueryAttention's "total - 1"
         self.total = np.zeros((), np.int32)  # [] entries once the chain is in
-        self.causal = np.where(np.tri(q, dtype=bool), 0, MASK_MIN).astype(np.float32)  # [Q, Q] over the chain
         self.mask_buffer = mask_buffer  # float32 [CHAIN_Q * max_len], shared by the slot's chain calls
-        self.zeros = np.zeros((1, 1, 1, len(mask_buffer) // CHAIN_Q), np.float32) if q == 1 else None  # Q = 1: no causal part
         self.outputs: dict[str, np.ndarray] = {}  # logits [1, Q, V] and features [1, Q, width], bound
-
-    def mask(self, past: int) -> np.ndarray:
-        """float32 [1, 1, Q, past + Q]: every valid entry, then causal over the chain (contiguous)."""
-        q = len(self.offsets)
-        if q == 1:  # one token attends to every entry: a view of zeros, nothing written
-            return self.zeros[..., : past + 1]
-        m = self.mask_buffer[: q * (past + q)].reshape(1, 1, q, past + q)
-        m[0, 0, :, :past] = 0
-        m[0, 0, :, past:] = self.causal
-        return m
 
 
 class InPlaceRunner(Runner):
@@ -143,7 +131,7 @@ class InPlaceRunner(Runner):
             a.outputs = {"logits": b.output("logits", (1, q, self.vocab_size)),
                          **{name: b.output(name, (1, q, w)) for name, w in self.features.items()}}
             b.fed = a
-        b.input("attention_mask", a.mask(n))
+        b.input("attention_mask", chain_mask(n, q, out=a.mask_buffer))
         b.run()
         outputs = {name: out.copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
         return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))

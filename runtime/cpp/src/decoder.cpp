@@ -113,7 +113,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     const int budget = limit - static_cast<int>(g.tokens.size());
     const int room = budget <= 1 ? 0 : std::min(budget - 1, target_->room() - 1);  // proposals this round may hold
     const int gamma = room <= 0  ? 0  // (the policy is not asked: a probe is never spent on a round that cannot draft)
-                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, draft ? draft_seconds_ : 0)
+                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, draft ? draft_curve_.seconds(1) : 0)
                                  : fixed_gamma;
     const int k = std::max(0, std::min(gamma, room));
     Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
@@ -123,8 +123,7 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
       const double before_s = draft_->engine_seconds;
       const int64_t before_calls = draft_->calls;
       draft->propose(seq, k, s, rng, p);
-      const double per_call = (draft_->engine_seconds - before_s) / std::max<int64_t>(1, draft_->calls - before_calls);
-      draft_seconds_ = draft_seconds_ > 0 ? 0.9 * draft_seconds_ + 0.1 * std::min(per_call, 2 * draft_seconds_) : per_call;
+      draft_curve_.record(1, (draft_->engine_seconds - before_s) / std::max<int64_t>(1, draft_->calls - before_calls));
     }
     if (k && method == "ngram") {
       ngram.extend(seq);

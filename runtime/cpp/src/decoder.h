@@ -66,7 +66,7 @@ class Engine {
   std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
   // Adaptive γ (a request with gamma -1 on an engine dir whose defaults.gamma is null), kept across requests:
   LatencyCurve target_curve_{1};  // T(q): seconds of a target pass over q = 1..gamma+1 positions
-  double draft_seconds_ = 0;      // D: EWMA seconds of one draft call (0 until measured)
+  LatencyCurve draft_curve_{1};   // D: seconds of one draft call (n = 1; 0 until measured)
   AlphaEstimate served_;          // α over the sequences served: a new sequence starts from it
   GammaPolicy policy_{0, 8};      // probes every 8 rounds off, as the Python runtime's batch-1 core
   int64_t calibration_calls_ = 0;
