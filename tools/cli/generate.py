@@ -25,7 +25,14 @@ from .options import load_runtime, sampling_options, summary_line
 @click.option("--providers", default=None,
               help="ort: execution providers in priority order, comma-separated (cpu, cuda, tensorrt or full names).")
 @click.option("--threads", default=None, type=click.IntRange(1), help="ONNX Runtime intra-op threads (default: ORT's).")
-def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, device, providers, threads, **sampling):
+@click.option("--runtime", "runtime_kind", default="python", show_default=True, type=click.Choice(["python", "cpp"]),
+              help="python: the decode core (every method and option); cpp: the decode loop in libspecrt, the "
+                   "fastest batch-1 step on CPU (methods none/draft/ngram/suffix; build it once with "
+                   "`python -m specrt.tools.libspecrt build`).")
+@click.option("--cpp-lib", default=None, type=click.Path(), help="--runtime cpp: libspecrt.so to load "
+              "(default: $SPECRT_CPP_BUILD/libspecrt.so, else the repository's build/cpp).")
+def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, device, providers, threads,
+             runtime_kind, cpp_lib, **sampling):
     """Generate a continuation of --prompt, streaming text, then a one-line summary.
 
     Ctrl-C stops it: the summary of what was produced, exit code 130."""
@@ -34,6 +41,9 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
     text = prompt if prompt is not None else prompt_file.read()
+    if runtime_kind == "cpp":
+        return generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
+                            **sampling)
     options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
     if providers:
         options["providers"] = [p.strip() for p in providers.split(",") if p.strip()]
@@ -58,6 +68,40 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
         raise
     click.echo()
     click.echo(summary_line(gen.stats, gen.finish_reason), err=True)
+
+
+def generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
+                 acceptance, **sampling):
+    """--runtime cpp: libspecrt's decode loop (tools/cpp_generate.py), the same text and summary."""
+    from ...engines import EngineError
+    from ..cpp_generate import CppSetupError, CppTextEngine
+    from ..libspecrt import CppError
+
+    for flag, value, allowed in (("--backend", backend, "ort"), ("--device", device or "cpu", "cpu"),
+                                 ("--acceptance", acceptance, "exact")):
+        if value != allowed:
+            raise click.UsageError(f"--runtime cpp runs ONNX Runtime on the CPU with exact acceptance; {flag} {value} "
+                                   f"needs --runtime python")
+    if providers:
+        raise click.UsageError("--providers needs --runtime python (libspecrt runs ONNX Runtime's CPU provider)")
+    try:
+        engine = CppTextEngine(engine_dir, threads=threads or 0, library=cpp_lib)
+        if chat:
+            text = chat_prompt(engine, text, system)
+        write = None if as_json else (lambda delta: (sys.stdout.write(delta), sys.stdout.flush()))
+        out = engine.stream(text, write, **sampling)
+    except (EngineError, CppSetupError, CppError, ValueError) as e:
+        raise click.ClickException(str(e))
+    except KeyboardInterrupt:
+        click.echo()
+        click.echo("interrupted", err=True)
+        raise
+    if as_json:
+        click.echo(json.dumps({"token_ids": out.token_ids, "text": out.text, "finish_reason": out.finish_reason,
+                               "stats": out.stats}))
+        return
+    click.echo()
+    click.echo(summary_line(out.stats, out.finish_reason), err=True)
 
 
 def chat_prompt(rt, user: str, system: str | None) -> str:

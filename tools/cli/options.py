@@ -45,12 +45,14 @@ def load_runtime(engine_dir, **options):
 
 
 def summary_line(stats: dict, finish_reason: str) -> str:
-    s = (f"[{stats['method']}] {stats['new_tokens']} tokens in {stats['seconds']:.3f} s "
+    runtime = " C++" if stats.get("runtime") == "cpp" else ""
+    s = (f"[{stats['method']}{runtime}] {stats['new_tokens']} tokens in {stats['seconds']:.3f} s "
          f"({stats['tokens_per_second']:.1f} tok/s), {stats['target_passes']} target passes, finish: {finish_reason}")
     if stats["method"] != "none":
         s += (f"; alpha {stats['alpha']:.2f} ({stats['accepted']} of {stats['proposed']} proposed tokens accepted), "
-              f"{stats['tokens_per_pass']:.2f} tokens/pass, c {stats['c']:.3f}, "
-              f"predicted speedup {stats['predicted_speedup']:.2f}x")
+              f"{stats['tokens_per_pass']:.2f} tokens/pass")
+        if "c" in stats:  # the Python runtime's cost model (libspecrt does not report it)
+            s += f", c {stats['c']:.3f}, predicted speedup {stats['predicted_speedup']:.2f}x"
     if stats["method"] == "medusa":
         s += (f"; tree {stats['tree']} ({stats['tree_size']} nodes), per-depth acceptance "
               f"{stats['per_depth_acceptance']}")
