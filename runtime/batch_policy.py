@@ -91,6 +91,10 @@ class PolicyDecision:
     gamma: int  # draft length for this step (0 = speculation off)
     predicted_speedup: float  # predicted throughput at gamma / throughput at γ = 0 (1.0 when off)
     reason: str  # "policy" (chosen by prediction) | "cap" (batch above speculation_max_batch) | "probe" | "fixed"
+    # | "room" (no sequence could draft this step: the policy was not asked)
+
+
+NO_ROOM = PolicyDecision(0, 1.0, "room")
 
 
 def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],

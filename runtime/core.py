@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batch_policy import LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
+from .batch_policy import NO_ROOM, LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
 from .gamma import AlphaEstimate
 from .proposers import EMPTY, Proposal
 from .sampling import SamplingError, SamplingParams, next_token, penalize, top_logprobs
@@ -209,7 +209,10 @@ class DecodeCore:
             return [], None
         t0 = time.perf_counter()
         rows = list(self.rows)
-        decision = self.policy.decide([r.alpha.alpha for r in rows])
+        if any(self._room(row, self.runtime.gamma_max) for row in rows):
+            decision = self.policy.decide([r.alpha.alpha for r in rows])
+        else:  # no row can draft (its last token, a full cache): the policy is not asked, so its probes
+            decision = NO_ROOM  # land on steps that can use them (a probe every 8 steps aliases on short requests)
         ks = [self._room(row, decision.gamma) for row in rows]
         if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
             self._probes += 1

@@ -68,7 +68,7 @@ class ServerMetrics:
                                     "(measured costs, current acceptance)", registry=r)
         self._tps = None  # EWMA tokens/s
         self._totals = {"tokens": 0, "sequence_passes": 0, "proposed": 0, "accepted": 0}
-        for reason in ("policy", "probe", "cap", "fixed"):
+        for reason in ("policy", "probe", "cap", "fixed", "room"):
             self.decision.labels(reason).set(0)
 
     def render(self) -> bytes:
@@ -108,6 +108,6 @@ class ServerMetrics:
             self.tokens_per_second.set(self._tps)
         self.speculation.set(1 if report.gamma > 0 else 0)
         self.gamma.set(report.gamma)
-        for reason in ("policy", "probe", "cap", "fixed"):
+        for reason in ("policy", "probe", "cap", "fixed", "room"):
             self.decision.labels(reason).set(1 if report.decision.reason == reason else 0)
         self.predicted_speedup.set(report.decision.predicted_speedup)

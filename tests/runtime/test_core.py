@@ -117,6 +117,27 @@ def test_controller_turns_speculation_off_when_it_never_pays(rt):
     assert stats["target_passes"] <= len(tokens) + 1  # ... so no more target passes than plain decoding
 
 
+def test_policy_not_asked_on_steps_that_cannot_draft(rt):
+    """A step where no row can draft (here each request's last token) is plain and leaves the policy
+    alone, so its probes land on steps that can use them: 3-token requests take an asked step then
+    a "room" step; with the policy off, every 8th asked step still probes."""
+    core = batch1_core(rt, WrongProposer(rt.target))
+    reasons, proposed = [], []
+    for i in range(40):
+        update = core.add(SequenceRequest(f"r{i}", PROMPTS[1], SamplingParams(max_new_tokens=3)))
+        steps = []
+        while not update.finish_reason:
+            updates, report = core.step()
+            steps.append(report.decision.reason)
+            update = updates[0]
+        reasons.append(steps)
+        proposed.append(update.stats["proposed"])
+    assert all(steps[-1] == "room" and "room" not in steps[:-1] for steps in reasons)
+    later = [r[0] for r in reasons[16:]]  # the policy has turned speculation off by now
+    assert later.count("policy") >= 16 and later.count("probe") >= 2
+    assert sum(p > 0 for p in proposed[16:]) == later.count("probe")
+
+
 def choices(policy: SpeculationPolicy, alpha: AlphaEstimate, accepted, rounds: int = 20) -> list[int]:
     """γ chosen over ``rounds`` rounds when accepted(γ) proposals are accepted each round."""
     history = []

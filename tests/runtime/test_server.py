@@ -299,7 +299,7 @@ def test_metrics_change_consistently(server, client):
     assert 0 <= after[("specrt_acceptance_rate",)] <= 1 and after[("specrt_tokens_per_target_pass",)] >= 1
     assert after[("specrt_batch_size",)] == 0 and after[("specrt_queue_depth",)] == 0
     assert after[("specrt_speculation_enabled",)] == (after[("specrt_gamma",)] > 0)
-    assert sum(after[("specrt_policy_decision", ("reason", r))] for r in ("policy", "probe", "cap", "fixed")) == 1
+    assert sum(after[("specrt_policy_decision", ("reason", r))] for r in ("policy", "probe", "cap", "fixed", "room")) == 1
     assert 0 <= after[("specrt_policy_speculation_max_batch",)] <= 4
     assert after[("specrt_tokens_per_second",)] > 0
 
