@@ -62,9 +62,11 @@ class CppTextEngine:
             raise CppSetupError(f"libspecrt could not be loaded ({e}); rebuild it with\n  {BUILD_HINT}") from e
         self.engine = libspecrt.CppEngine(self.lib, self.manifest.root, threads=threads)
 
-    def encode(self, text: str) -> list[int]:
-        """The prompt's ids, as the Python runtime encodes text (no special tokens added)."""
-        ids = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+    def encode(self, prompt) -> list[int]:
+        """The prompt's ids: text encoded as the Python runtime encodes it (no special tokens added),
+        or a list of token ids (libspecrt checks them against the vocabulary)."""
+        ids = (self.tokenizer.encode_batch([prompt], add_special_tokens=False)[0].ids if isinstance(prompt, str)
+               else [int(t) for t in prompt])
         if not ids:
             raise ValueError("prompt is empty")
         if len(ids) >= self.engine.max_len:
@@ -72,19 +74,20 @@ class CppTextEngine:
                              f"tokens in all, so at most {self.engine.max_len - 1}")
         return ids
 
-    def stream(self, text: str, write=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
-               gamma: int | None = None, stop=()) -> CppGeneration:
-        """Generate a continuation of ``text``; ``write(delta)`` receives the text as it becomes final.
-        Ctrl-C ends the generation at the next token and raises KeyboardInterrupt after it."""
-        ids = self.encode(text)
+    def generate(self, prompt, on_text=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
+                 gamma: int | None = None, stop=()) -> CppGeneration:
+        """Generate a continuation of ``prompt`` (text or token ids), as ``Runtime.generate`` does;
+        ``on_text(delta)`` receives the text as it becomes final (streaming). Ctrl-C ends the
+        generation at the next token and raises KeyboardInterrupt after it."""
+        ids = self.encode(prompt)
         detok, stops, pieces, interrupted = IncrementalDetokenizer(self.tokenizer), StopMatcher(stop), [], []
 
         def emit(delta: str) -> None:
             if delta:
                 pieces.append(delta)
-                if write is not None:
-                    write(delta)
+                if on_text is not None:
+                    on_text(delta)
 
         def on_token(token_id: int) -> bool:  # False: stop here (a stop string appeared, or Ctrl-C)
             try:

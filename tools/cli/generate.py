@@ -89,7 +89,7 @@ def generate_cpp(engine_dir, text, chat, system, as_json, backend, device, provi
         if chat:
             text = chat_prompt(engine, text, system)
         write = None if as_json else (lambda delta: (sys.stdout.write(delta), sys.stdout.flush()))
-        out = engine.stream(text, write, **sampling)
+        out = engine.generate(text, write, **sampling)
     except (EngineError, CppSetupError, CppError, ValueError) as e:
         raise click.ClickException(str(e))
     except KeyboardInterrupt:

@@ -74,3 +74,18 @@ def test_cpp_library_missing(llama_engine, tmp_path):
     res = generate(llama_engine, cpp_lib=str(tmp_path / "libspecrt.so"))
     assert res.exit_code != 0 and "python -m specrt.tools.libspecrt build" in res.output
     assert "Traceback" not in res.output
+
+
+def test_python_api_text_and_ids(llama_engine, cpp_lib):
+    """CppTextEngine.generate takes text or ids like Runtime.generate; the streamed deltas add up to the text."""
+    import specrt
+    from specrt.tools.cpp_generate import CppTextEngine
+
+    rt, cpp = specrt.load(llama_engine), CppTextEngine(llama_engine, library=cpp_lib)
+    want = rt.generate(PROMPT, max_new_tokens=20, method="suffix", gamma=2)
+    deltas = []
+    out = cpp.generate(PROMPT, deltas.append, max_new_tokens=20, method="suffix", gamma=2)
+    assert (out.token_ids, out.text, "".join(deltas)) == (want.token_ids, want.text, want.text)
+    by_ids = cpp.generate(rt.encode(PROMPT), max_new_tokens=20, method="suffix", gamma=2)
+    assert by_ids.token_ids == want.token_ids
+    cpp.close()
