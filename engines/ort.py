@@ -133,7 +133,6 @@ class Binding:
         self.binding = self.session.io_binding()
         self.bound: dict[str, np.ndarray] = {}  # name -> the array whose address is bound
         self.outputs: dict[str, np.ndarray] = {}  # output name -> its preallocated array
-        self.fed = None  # a caller's marker of the arrays it bound last (reset by ``inputs`` and by ``output`` rebinding)
         # ORT's Python wrappers check for WebGPU graph capture on every call; a decode step calls the
         # pybind objects underneath them (the same calls, without that bookkeeping) where they exist.
         c_session, c_binding = getattr(self.session, "_sess", None), getattr(self.binding, "_iobinding", None)
@@ -153,7 +152,6 @@ class Binding:
             self.bound[name] = buffer
 
     def inputs(self, **arrays: np.ndarray) -> None:
-        self.fed = None
         for name, a in arrays.items():
             self.input(name, np.ascontiguousarray(a))
 
@@ -170,7 +168,6 @@ class Binding:
             out = np.empty(shape, dtype=dtype)
             self.binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
             self.bound[name] = self.outputs[name] = out
-            self.fed = None
         return out
 
     def run(self) -> dict[str, np.ndarray]:

@@ -32,17 +32,23 @@ CHAIN_Q = 16  # chain calls of at most this many tokens (decode steps, verify pa
 
 
 class ChainArrays:
-    """The inputs and outputs of one slot's Q-token chain calls, bound once and written in place: per
-    call only the mask, whose past grows, is rebound (``chain_mask`` written into the slot's mask buffer)."""
+    """The inputs and outputs of one slot's Q-token chain calls, in a binding of their own (bound once,
+    the slot's cache included) and written in place: per call only the mask, whose past grows, is
+    rebound (``chain_mask`` written into the slot's mask buffer). A binding per (slot, Q), not one
+    rebound whenever Q changes: on the int4 demo target at 1 thread, rebinding on every switch
+    between decode steps and verify passes cost 100-200 µs of the next call (host time outside the run)."""
 
-    def __init__(self, q: int, mask_buffer: np.ndarray):
+    def __init__(self, binding: Binding, q: int, mask_buffer: np.ndarray, outputs: dict[str, int]):
+        self.binding = binding  # the slot's cache bound as past and present, and the arrays below
         self.ids = np.zeros((1, q), np.int64)  # [1, Q] the tokens
         self.offsets = np.arange(q, dtype=np.int64)  # [Q]
         self.position = np.zeros((1, q), np.int64)  # [1, Q] their positions: the slot's length + offsets
         self.seqlens_k = np.zeros(1, np.int32)  # [1] GroupQueryAttention's "total - 1"
         self.total = np.zeros((), np.int32)  # [] entries once the chain is in
         self.mask_buffer = mask_buffer  # float32 [CHAIN_Q * max_len], shared by the slot's chain calls
-        self.outputs: dict[str, np.ndarray] = {}  # logits [1, Q, V] and features [1, Q, width], bound
+        binding.inputs(input_ids=self.ids, position_ids=self.position, seqlens_k=self.seqlens_k,
+                       total_sequence_length=self.total)
+        self.outputs = {name: binding.output(name, (1, q, width)) for name, width in outputs.items()}  # [1, Q, width]
 
 
 class InPlaceRunner(Runner):
@@ -81,11 +87,15 @@ class InPlaceRunner(Runner):
         """The binding whose cache inputs/outputs are slots [first, first + rows) (made once)."""
         key = (first, rows)
         if key not in self.bindings:
-            b = Binding(self.engine)
-            for j, (past, present) in enumerate(self.names):
-                b.cache(past, present, self.data[j, first : first + rows])
-            self.bindings[key] = b
+            self.bindings[key] = self._cache_binding(first, rows)
         return self.bindings[key]
+
+    def _cache_binding(self, first: int, rows: int) -> Binding:
+        """A new binding with slots [first, first + rows) of the cache as every past input and present output."""
+        b = Binding(self.engine)
+        for j, (past, present) in enumerate(self.names):
+            b.cache(past, present, self.data[j, first : first + rows])
+        return b
 
     # ---- running ----------------------------------------------------------------------------
     def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
@@ -118,21 +128,16 @@ class InPlaceRunner(Runner):
     def _chain(self, slot: int, ids: np.ndarray) -> Pass:
         """Q <= CHAIN_Q tokens ``ids`` [Q] after slot ``slot``'s entries, causal, through ``ChainArrays``."""
         q, n = len(ids), int(self.lengths[slot])
-        b = self.binding(slot, 1)
         a = self.chain_arrays.get((slot, q))
         if a is None:
             buffer = self.mask_buffers.setdefault(slot, np.zeros(CHAIN_Q * self.max_len, np.float32))
-            a = self.chain_arrays[slot, q] = ChainArrays(q, buffer)
+            a = self.chain_arrays[slot, q] = ChainArrays(self._cache_binding(slot, 1), q, buffer,
+                                                         {"logits": self.vocab_size, **self.features})
         a.ids[0] = ids
         np.add(a.offsets, n, out=a.position[0])
         a.seqlens_k[0], a.total[()] = n + q - 1, n + q
-        if b.fed is not a:  # bound by another kind of call since: bind this kind's arrays again
-            b.inputs(input_ids=a.ids, position_ids=a.position, seqlens_k=a.seqlens_k, total_sequence_length=a.total)
-            a.outputs = {"logits": b.output("logits", (1, q, self.vocab_size)),
-                         **{name: b.output(name, (1, q, w)) for name, w in self.features.items()}}
-            b.fed = a
-        b.input("attention_mask", chain_mask(n, q, out=a.mask_buffer))
-        b.run()
+        a.binding.input("attention_mask", chain_mask(n, q, out=a.mask_buffer))
+        a.binding.run()
         outputs = {name: out.copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
         return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
