@@ -49,6 +49,8 @@ class SequenceRequest:
     request_id: str  # caller's id, unique among active and queued requests
     prompt_ids: list  # token ids of the prompt (validated by ``Runtime.encode``)
     params: SamplingParams  # sampling and stop rules, max_new_tokens included
+    cache_scope: str | None = None  # whose earlier sequences cross-request state (suffix decoding's global
+    # cache) may draw on and feed: the server's API key; None = one shared scope
 
 
 @dataclass

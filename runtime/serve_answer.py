@@ -32,6 +32,7 @@ class Job:
     t0: float  # when the request arrived (time to first token is measured from here)
     include_usage: bool = False  # streams: a last chunk with the usage
     echo: str = ""  # completions: text put before each choice's completion
+    cache_scope: str | None = None  # the API key's scope ("key-<i>"): cross-request caches stay within it
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Answerer:
                 pass
 
         try:
-            handle = self.worker.submit(job.ids, job.params, on_event)
+            handle = self.worker.submit(job.ids, job.params, on_event, job.cache_scope)
         except QueueFullError as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
         except EngineUnavailableError as e:

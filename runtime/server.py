@@ -38,7 +38,8 @@ class ServerConfig:
     model_name: str  # the id in GET /v1/models; requests must name it in "model"
     batch: CoreConfig = field(default_factory=CoreConfig)  # slots, method, γ (None = batch-aware policy)
     max_queue: int = 128  # requests waiting for a slot beyond which new ones get 429
-    api_key: str | None = None  # if set, /v1/* require "Authorization: Bearer <api_key>"
+    api_key: str | tuple | None = None  # a key or several: /v1/* require "Authorization: Bearer <one of them>";
+    # each key's requests share suffix decoding's cache of earlier outputs only among themselves
     max_body_bytes: int = 8 << 20  # a larger request body is answered 413 without being read further
     max_prompt_tokens: int | None = None  # a longer prompt is a 400 (None: the engine's max_len - 1)
     allowed_origins: tuple = ()  # CORS: browser origins allowed to call the API ("*" = any); () = none
@@ -146,14 +147,20 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"),
                             status_code=500)
 
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
+    keys = api_keys(config.api_key)
+
+    def authorize(request: Request) -> str | None:
+        """The request's cache scope ("key-<i>" for the i-th key; None when no key is set), or ApiError 401."""
+        if not keys:
+            return None
         scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 9110)
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        if not secrets.compare_digest(key.strip().encode(), config.api_key.encode()):
+        given = key.strip().encode()
+        hits = [secrets.compare_digest(given, k.encode()) for k in keys]  # every key compared: no early exit
+        if not any(hits):
             raise ApiError(401, "incorrect API key provided", code="invalid_api_key")
+        return f"key-{hits.index(True)}"
 
     async def read_body(request: Request) -> bytes:
         """The request body, refused with 415 unless JSON (a cross-origin form post cannot be) and 413 past
@@ -242,7 +249,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         t0 = time.perf_counter()
-        authorize(request)
+        scope = authorize(request)
         req = await parse(request, CompletionRequest)
         check_model(req.model)
         prompt = req.prompt
@@ -254,7 +261,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
         ids = await asyncio.to_thread(encode, prompt)  # tokenization off the event loop
         params = sampling(req, ids, req.max_tokens)
         echo = (prompt if isinstance(prompt, str) else runtime.tokenizer.decode(ids)) if req.echo else ""
-        return await answer(request, job(req, t0, ids, params, chat=False, echo=echo))
+        return await answer(request, job(req, t0, ids, params, scope, chat=False, echo=echo))
 
     def render_and_encode(messages) -> list[int]:
         try:
@@ -309,19 +316,28 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         t0 = time.perf_counter()
-        authorize(request)
+        scope = authorize(request)
         req = await parse(request, ChatCompletionRequest)
         check_model(req.model)
         ids = await asyncio.to_thread(render_and_encode, req.messages)  # off the event loop
         params = sampling(req, ids, req.max_completion_tokens or req.max_tokens)
-        return await answer(request, job(req, t0, ids, params, chat=True))
+        return await answer(request, job(req, t0, ids, params, scope, chat=True))
 
-    def job(req, t0: float, ids: list[int], params: list[SamplingParams], chat: bool, echo: str = "") -> Job:
+    def job(req, t0: float, ids: list[int], params: list[SamplingParams], scope: str | None, chat: bool,
+            echo: str = "") -> Job:
         usage_chunk = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        return Job(ids, params, chat, req.stream, t0, usage_chunk, echo)
+        return Job(ids, params, chat, req.stream, t0, usage_chunk, echo, scope)
 
     app.openapi = lambda: openapi_document(app, model)
     return app
+
+
+def api_keys(api_key) -> tuple:
+    """ServerConfig.api_key as a tuple of keys (None or empty: no authentication); a key must be non-empty."""
+    keys = () if api_key is None else (api_key,) if isinstance(api_key, str) else tuple(api_key)
+    if any(not isinstance(k, str) or not k.strip() for k in keys):
+        raise ValueError("an API key must be a non-empty string")
+    return keys
 
 
 REQUEST_BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,

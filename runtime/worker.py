@@ -55,9 +55,10 @@ class RequestHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_ids, params: list, on_event: Callable[[object], None]):
+    def __init__(self, prompt_ids, params: list, on_event: Callable[[object], None], cache_scope: str | None = None):
         self.request_id = f"req-{next(self._ids)}"
-        self.requests = [SequenceRequest(f"{self.request_id}.{i}", list(prompt_ids), p) for i, p in enumerate(params)]
+        self.requests = [SequenceRequest(f"{self.request_id}.{i}", list(prompt_ids), p, cache_scope)
+                         for i, p in enumerate(params)]
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}  # sequence id -> choice index
         self.on_event = on_event
         self.submitted = time.perf_counter()
@@ -135,14 +136,16 @@ class EngineWorker:
         return len(self.generator.rows)
 
     # ---- requests -----------------------------------------------------------------------------
-    def submit(self, prompt_ids, params, on_event: Callable[[object], None]) -> RequestHandle:
-        """Queue a request (thread-safe): ``params`` one ``SamplingParams`` or a list, one per choice.
-        Raises QueueFullError, EngineUnavailableError, or ValueError (more choices than slots)."""
+    def submit(self, prompt_ids, params, on_event: Callable[[object], None],
+               cache_scope: str | None = None) -> RequestHandle:
+        """Queue a request (thread-safe): ``params`` one ``SamplingParams`` or a list, one per choice;
+        ``cache_scope``: see ``SequenceRequest``. Raises QueueFullError, EngineUnavailableError, or
+        ValueError (more choices than slots)."""
         params = list(params) if isinstance(params, (list, tuple)) else [params]
         if not 1 <= len(params) <= self.generator.config.max_batch:
             raise ValueError(f"n={len(params)} choices: this server decodes at most "
                              f"{self.generator.config.max_batch} sequences at once (--max-batch)")
-        handle = RequestHandle(prompt_ids, params, on_event)
+        handle = RequestHandle(prompt_ids, params, on_event, cache_scope)
         with self._cond:
             if not self.running:
                 raise EngineUnavailableError("the engine worker is not running")

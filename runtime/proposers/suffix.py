@@ -105,8 +105,9 @@ def propose(local: SuffixIndex, shared: SuffixIndex | None, context: Sequence[in
 
 class SuffixProposer(NoProposer):
     """Suffix decoding for every row. One proposer per decode core, so the global cache spans the
-    requests that core serves (one served model; `specrt serve` has one API key, so no cross-key
-    sharing arises). Per slot: the row's own index, extended with what each round emitted."""
+    requests that core serves (one served model), one cache per ``cache_scope`` of the requests:
+    `specrt serve` scopes each request to its API key, so no key's requests draw on another key's
+    outputs. Per slot: the row's own index, extended with what each round emitted."""
 
     name = "suffix"
 
@@ -114,14 +115,24 @@ class SuffixProposer(NoProposer):
                  min_prob: float = 0.1, cache_tokens: int = 1 << 16):
         self.depth, self.factor, self.min_prob = depth, factor, min_prob
         self.max_nodes = max_gamma
-        self.cache = SuffixCache(depth, cache_tokens)
+        self.cache_tokens = cache_tokens  # bound of each scope's global cache
+        self.caches: dict[str | None, SuffixCache] = {}  # cache scope (API key) -> its global cache
         self.local = [SuffixIndex(depth) for _ in range(max_batch)]  # per slot
         self.seqs: list = [None] * max_batch  # per slot: the row's sequence (a live reference)
         self.indexed = [0] * max_batch  # per slot: tokens of seqs[slot] counted in local[slot]
+        self.scopes: list = [None] * max_batch  # per slot: the row's cache scope
         self.step_seconds = None  # EWMA seconds per proposed token
 
+    def cache(self, scope: str | None = None) -> SuffixCache:
+        """The global cache of ``scope`` (made on first use)."""
+        if scope not in self.caches:
+            self.caches[scope] = SuffixCache(self.depth, self.cache_tokens)
+        return self.caches[scope]
+
     def start(self, row, hidden) -> None:
-        self.local[row.slot], self.seqs[row.slot], self.indexed[row.slot] = SuffixIndex(self.depth), row.seq, 0
+        slot = row.slot
+        self.local[slot], self.seqs[slot], self.indexed[slot] = SuffixIndex(self.depth), row.seq, 0
+        self.scopes[slot] = row.request.cache_scope
 
     def propose(self, rows, ks) -> list[Proposal]:
         t0, out, proposed = time.perf_counter(), [], 0
@@ -132,7 +143,7 @@ class SuffixProposer(NoProposer):
             local, seq = self.local[row.slot], row.seq
             local.add(seq, self.indexed[row.slot], len(seq))
             self.indexed[row.slot] = len(seq)
-            tokens = propose(local, self.cache.index, seq, k, self.factor, self.min_prob)
+            tokens = propose(local, self.cache(self.scopes[row.slot]).index, seq, k, self.factor, self.min_prob)
             proposed += max(1, len(tokens))
             out.append(Proposal(np.array(tokens, np.int64)))
         if proposed:
@@ -141,14 +152,14 @@ class SuffixProposer(NoProposer):
         return out
 
     def move(self, src: int, dst: int) -> None:
-        """The row in ``dst`` left (the core moves its last row into the hole): it joins the global cache."""
-        if self.seqs[dst] is not None:
-            self.cache.add(self.seqs[dst])
+        """The row in ``dst`` left (the core moves its last row into the hole): it joins its scope's global cache."""
+        self.release(dst)
         self.local[dst], self.seqs[dst], self.indexed[dst] = self.local[src], self.seqs[src], self.indexed[src]
-        self.seqs[src], self.local[src], self.indexed[src] = None, SuffixIndex(self.depth), 0
+        self.scopes[dst] = self.scopes[src]
+        self.seqs[src], self.local[src], self.indexed[src], self.scopes[src] = None, SuffixIndex(self.depth), 0, None
 
     def release(self, slot: int) -> None:
-        """The sequence left (finished or cancelled): it joins the global cache."""
+        """The sequence left (finished or cancelled): it joins its scope's global cache."""
         if self.seqs[slot] is not None:
-            self.cache.add(self.seqs[slot])
-        self.seqs[slot], self.local[slot], self.indexed[slot] = None, SuffixIndex(self.depth), 0
+            self.cache(self.scopes[slot]).add(self.seqs[slot])
+        self.seqs[slot], self.local[slot], self.indexed[slot], self.scopes[slot] = None, SuffixIndex(self.depth), 0, None

@@ -332,8 +332,8 @@ def test_cli_serve_starts_and_answers(llama_engine, ref):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-c", "from specrt.tools.cli import main; main()", "serve", str(llama_engine),
-           "--port", str(port), "--max-batch", "2", "--method", "ngram", "--api-key", KEY, "--model-name", MODEL,
-           "--log-level", "warning"]
+           "--port", str(port), "--max-batch", "2", "--method", "ngram", "--api-key", KEY, "--api-key", "second",
+           "--model-name", MODEL, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -350,6 +350,7 @@ def test_cli_serve_starts_and_answers(llama_engine, ref):
             model=MODEL, prompt="hello", max_tokens=8, temperature=0)
         assert got.choices[0].text == ref.generate("hello", max_new_tokens=8, method="none").text
         assert got.model_extra["speculation"]["method"] == "ngram"
+        assert openai.OpenAI(base_url=url + "/v1", api_key="second", max_retries=0).models.list().data  # either key
     finally:
         proc.terminate()
         proc.wait(30)
@@ -429,6 +430,8 @@ def test_cli_serve_refuses_a_method_the_engine_dir_lacks(llama_engine):
         assert "Traceback" not in res.output
     res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--device", "gpu"])
     assert res.exit_code != 0 and "'gpu' is not one of 'cpu', 'cuda'" in res.output
+    res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--api-key", " "])
+    assert res.exit_code != 0 and "a key must be non-empty" in res.output
 
 
 def test_limits_content_type_and_the_tokenizer_endpoints(start_server, ref):

@@ -158,3 +158,22 @@ def test_serve_method_suffix_concurrent_streams_equal_greedy(start_server, ref):
     assert {p: t for p, (t, _) in got.items()} == want
     text, spec = stream("hello world")  # the same request again: its earlier output is in the global cache
     assert text == want["hello world"] and spec["method"] == "suffix" and spec["accepted"] > 0
+
+
+def test_serve_suffix_cache_is_per_api_key(start_server, ref):
+    """Two API keys: a request repeated under the other key does not draft from the first key's
+    output; repeated under its own key it does (docs/serving.md)."""
+    other = "second-key"
+    srv = start_server(api_key=(KEY, other), batch=CoreConfig(max_batch=2, method="suffix", gamma=4))
+
+    def spec(key: str) -> dict:
+        body = {"model": MODEL, "prompt": "the cat sat on", "max_tokens": 30, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["speculation"]
+
+    first, second_key, again = spec(KEY), spec(other), spec(KEY)
+    assert second_key["accepted"] == first["accepted"] < again["accepted"]
+    bad = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "x"},
+                     headers={"Authorization": "Bearer third"}, timeout=60)
+    assert bad.status_code == 401

@@ -18,8 +18,10 @@ import click
               help="Proposer (none = no speculation). Default: the engine dir's default.")
 @click.option("--gamma", default=None, type=int,
               help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")
-@click.option("--api-key", default=None, envvar="SPECRT_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1/* (or set SPECRT_API_KEY).")
+@click.option("--api-key", multiple=True, envvar="SPECRT_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable: any of the keys; or set "
+                   "SPECRT_API_KEY, keys separated by spaces). Suffix decoding's cache of earlier outputs is kept "
+                   "per key.")
 @click.option("--model-name", default=None, help="Model id clients send in 'model'. Default: the engine dir's name.")
 @click.option("--threads", default=None, type=click.IntRange(1),
               help="ONNX Runtime intra-op threads (default: ORT's choice).")
@@ -72,9 +74,11 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
     except ImportError as e:
         raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
                                    f"pip install 'specrt[serve]' ({e})")
+    if any(not k.strip() for k in api_key):
+        raise click.UsageError("--api-key: a key must be non-empty")
     name = model_name or Path(engine_dir).resolve().name
     spec = AppSpec(str(engine_dir), ServerConfig(
-        model_name=name, max_queue=max_queue, api_key=api_key, max_body_bytes=max_body_bytes,
+        model_name=name, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout,
         batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)), backend=backend, threads=threads,

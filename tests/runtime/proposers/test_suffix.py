@@ -70,6 +70,27 @@ def test_a_repeated_request_drafts_more_from_the_global_cache(engine):
     assert 0 < second.stats["c"] < 100
 
 
+def test_global_cache_is_per_scope(engine):
+    """A request draws only on earlier sequences of its own cache scope (the server's API key): the
+    same request in another scope drafts as a first request does, a repeat in its own scope more."""
+    from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
+    from specrt.runtime.sampling import SamplingParams
+
+    core = DecodeCore(specrt.load(engine), CoreConfig(max_batch=2, method="suffix", gamma=3, calibrate=False))
+
+    def run(scope: str, i: int) -> dict:
+        update = core.add(SequenceRequest(f"r{i}", [3, 1, 4, 1, 5], SamplingParams(max_new_tokens=24), scope))
+        while not update.finish_reason:
+            update = core.step()[0][0]
+        return update
+
+    first, other, again = run("key-0", 0), run("key-1", 1), run("key-0", 2)
+    assert first.token_ids == other.token_ids == again.token_ids
+    assert other.stats["accepted"] == first.stats["accepted"] < again.stats["accepted"]
+    assert set(core.proposer.caches) == {"key-0", "key-1"}
+    assert all(len(c.sequences) == n for c, n in zip(core.proposer.caches.values(), (2, 1)))
+
+
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)], ids=str)
 def test_suffix_sampling_is_exact(engine, sampling):
     """Every trial re-emits the same prompt, so the global cache proposes from earlier trials' outputs."""
