@@ -211,10 +211,10 @@ class DecodeCore:
             return [], None
         t0 = time.perf_counter()
         rows = list(self.rows)
-        if any(self._room(row, self.runtime.gamma_max) for row in rows):
+        if self.policy.config.fixed_gamma is not None or any(self._room(r, self.runtime.gamma_max) for r in rows):
             decision = self.policy.decide([r.alpha.alpha for r in rows])
-        else:  # no row can draft (its last token, a full cache): the policy is not asked, so its probes
-            decision = NO_ROOM  # land on steps that can use them (a probe every 8 steps aliases on short requests)
+        else:  # no row can draft (its last token, a full cache): the adaptive policy is not asked, so its
+            decision = NO_ROOM  # probes land on steps that can use them (every 8th step aliases on short requests)
         ks = [self._room(row, decision.gamma) for row in rows]
         if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
             self._probes += 1
