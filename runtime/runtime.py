@@ -26,6 +26,13 @@ class PromptTooLongError(ValueError):
     pass
 
 
+def check_prompt_length(n: int, max_len: int) -> None:
+    """PromptTooLongError unless a prompt of ``n`` tokens leaves room in a cache of ``max_len``."""
+    if n >= max_len:
+        raise PromptTooLongError(f"prompt has {n} tokens; the engine's cache holds max_len={max_len} tokens in all, "
+                                 f"so at most {max_len - 1}")
+
+
 def resolve_method(manifest: Manifest, method: str | None) -> str:
     """The method a request runs (None: the engine dir's default, else draft if it has one, else
     ngram); SamplingError for an unknown one or one the engine dir lacks. Needs only the manifest."""
@@ -288,7 +295,7 @@ class Runtime:
         thread for 12 s), and a too-long one is refused before its ids are turned into Python ints."""
         if isinstance(prompt, str):
             encoding = self.tokenizer.encode_batch([prompt], add_special_tokens=False)[0]
-            self._check_length(len(encoding))
+            check_prompt_length(len(encoding), self.manifest.max_len)
             ids = encoding.ids
         elif isinstance(prompt, (list, tuple, np.ndarray)) and all(isinstance(int(t), int) for t in prompt):
             ids = [int(t) for t in prompt]
@@ -300,13 +307,8 @@ class Runtime:
             raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise ValueError("prompt is empty")
-        self._check_length(len(ids))
+        check_prompt_length(len(ids), self.manifest.max_len)
         return ids
-
-    def _check_length(self, n: int) -> None:
-        if n >= self.manifest.max_len:
-            raise PromptTooLongError(f"prompt has {n} tokens; the engine's cache holds max_len="
-                                     f"{self.manifest.max_len} tokens in all, so at most {self.manifest.max_len - 1}")
 
     def resolve_method(self, method: str | None) -> str:
         return resolve_method(self.manifest, method)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engines.manifest import load_manifest
+from ..runtime.runtime import check_prompt_length
 from ..runtime.text import IncrementalDetokenizer, StopMatcher
 from . import libspecrt
 
@@ -69,9 +70,7 @@ class CppTextEngine:
                else [int(t) for t in prompt])
         if not ids:
             raise ValueError("prompt is empty")
-        if len(ids) >= self.engine.max_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; the engine's cache holds max_len={self.engine.max_len} "
-                             f"tokens in all, so at most {self.engine.max_len - 1}")
+        check_prompt_length(len(ids), self.engine.max_len)
         return ids
 
     def generate(self, prompt, on_text=None, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,

@@ -88,4 +88,6 @@ def test_python_api_text_and_ids(llama_engine, cpp_lib):
     assert (out.token_ids, out.text, "".join(deltas)) == (want.token_ids, want.text, want.text)
     by_ids = cpp.generate(rt.encode(PROMPT), max_new_tokens=20, method="suffix", gamma=2)
     assert by_ids.token_ids == want.token_ids
+    with pytest.raises(specrt.PromptTooLongError, match="at most 63"):  # the Python runtime's check and message
+        cpp.generate([1] * 64)
     cpp.close()
