@@ -336,7 +336,7 @@ def api_keys(api_key) -> tuple:
     """ServerConfig.api_key as a tuple of keys (None or empty: no authentication); a key must be non-empty."""
     keys = () if api_key is None else (api_key,) if isinstance(api_key, str) else tuple(api_key)
     if any(not isinstance(k, str) or not k.strip() for k in keys):
-        raise ValueError("an API key must be a non-empty string")
+        raise ValueError("a key must be non-empty text")
     return keys
 
 

@@ -70,12 +70,14 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
         from ...engines import EngineError
         from ...runtime.core import CoreConfig
         from ...runtime.sampling import SamplingError
-        from ...runtime.server import AppSpec, ServerConfig, build_app
+        from ...runtime.server import AppSpec, ServerConfig, api_keys, build_app
     except ImportError as e:
         raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
                                    f"pip install 'specrt[serve]' ({e})")
-    if any(not k.strip() for k in api_key):
-        raise click.UsageError("--api-key: a key must be non-empty")
+    try:
+        api_keys(api_key)  # the server's own check, before anything starts (Ray included)
+    except ValueError as e:
+        raise click.UsageError(f"--api-key: {e}")
     name = model_name or Path(engine_dir).resolve().name
     spec = AppSpec(str(engine_dir), ServerConfig(
         model_name=name, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
