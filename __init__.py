@@ -10,13 +10,13 @@ __version__ = "0.1.0"
 
 def load(engine_dir, backend: str = "ort", **engine_options):
     """Load an engine dir (see docs/engine-format.md) and return a ready ``Runtime``."""
-    from .runtime.runtime import Runtime
+    from .runtime.api import Runtime
 
     return Runtime.load(engine_dir, backend=backend, **engine_options)
 
 
 _ERRORS = {  # name -> module; imported on first use, so `import specrt` stays light
-    "EngineError": "engines.base", "SamplingError": "runtime.sampling", "PromptTooLongError": "runtime.runtime",
+    "EngineError": "engines.base", "SamplingError": "runtime.sampling", "PromptTooLongError": "runtime.api",
     "TreeError": "trees", "ExportError": "export.onnx_export",
 }
 

@@ -107,7 +107,7 @@ def load_device_runtime(engine_dir, device: str = "cuda", dtype: str | None = No
     from ..engines.cuda_graphs import DeviceModel, default_buckets
     from ..engines.ort import OrtEngine
     from ..engines.torch_backend import TorchCore, find_weights, resolve_device
-    from .runtime import Graph, Runtime
+    from .api import Graph, Runtime
 
     m = load_manifest(engine_dir)
     dev = resolve_device(device)

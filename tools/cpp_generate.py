@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engines.manifest import load_manifest
-from ..runtime.runtime import check_prompt_length
+from ..runtime.api import check_prompt_length
 from ..runtime.text import IncrementalDetokenizer, StopMatcher
 from . import libspecrt
 

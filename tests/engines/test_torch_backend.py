@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import specrt
-import specrt.runtime.runtime
+import specrt.runtime.api
 from specrt.engines import EngineError, OrtEngine, open_engine
 from specrt.engines.cuda_graphs import DeviceModel, default_buckets, greedy_plain_device, greedy_speculative_device
 from specrt.engines.manifest import load_manifest
@@ -145,7 +145,7 @@ def test_served_on_the_torch_backend(engines):
     import httpx
 
     from specrt.runtime.core import CoreConfig
-    from specrt.runtime.server import BackgroundServer, ServerConfig, create_app
+    from specrt.runtime.serve.app import BackgroundServer, ServerConfig, create_app
 
     ort_rt = specrt.load(engines["llama"])
     torch_rt = specrt.load(engines["llama"], backend="torch", device="cpu")
@@ -304,7 +304,7 @@ def test_gpu_check_plugin_routes_load_and_export(engines, tmp_path, monkeypatch)
     gpu_check.install_device_runtime("cpu")
     rt = specrt.load(engines["llama"])
     assert isinstance(rt.target.engine, DeviceModel) and isinstance(rt.draft.engine, DeviceModel)
-    want = _greedy(specrt.runtime.runtime.Runtime.load(engines["llama"]), PROMPTS[0], "draft")
+    want = _greedy(specrt.runtime.api.Runtime.load(engines["llama"]), PROMPTS[0], "draft")
     assert _greedy(rt, PROMPTS[0], "draft") == want
     t = make_model(tmp_path / "t", arch="llama", seed=3, hidden=16, layers=1, eos_token_id=None)
     out = onnx_export.export_engine(t, tmp_path / "e", log=lambda *_: None, cfg=ExportConfig(max_len=16, prefill_chunk=4))

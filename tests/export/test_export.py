@@ -57,7 +57,7 @@ def test_ort_matches_torch(arch_engine, shape):
 
 def test_tree_node_logits_equal_chain(arch_engine):
     """Each tree node's logits equal its root path run as a plain chain."""
-    from specrt.runtime.runtime import Runtime
+    from specrt.runtime.api import Runtime
 
     arch, engine_dir = arch_engine
     rt = Runtime.load(engine_dir)

@@ -3,7 +3,7 @@ import pytest
 
 import specrt
 from serving import KEY, MODEL
-from specrt.runtime.server import BackgroundServer, ServerConfig, create_app
+from specrt.runtime.serve.app import BackgroundServer, ServerConfig, create_app
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 from specrt.export.onnx_export import example_tree_mask
 from specrt.runtime.in_place import InPlaceRunner, consecutive_runs
 from specrt.runtime.runner import CacheFullError, HostRunner
-from specrt.runtime.runtime import Runtime
+from specrt.runtime.api import Runtime
 
 TOL = 1e-4
 TARGET = dict(arch="llama", hidden=64, scale=20.0)  # head_dim 16: the fused graph

@@ -54,7 +54,7 @@ class RayCluster:
         import httpx
         from ray import serve
 
-        from ...runtime.ray_serve import deployment
+        from ...runtime.serve.ray_serve import deployment
 
         serve.run(deployment(spec, replicas=replicas, cpus=cpus), name="specrt", route_prefix="/")
         seen, deadline = set(), time.monotonic() + 120
@@ -74,7 +74,7 @@ class RayCluster:
 
 def main(argv=None) -> None:
     from ...runtime.core import CoreConfig
-    from ...runtime.server import AppSpec, ServerConfig
+    from ...runtime.serve.app import AppSpec, ServerConfig
     from ..prompts import CODE
     from .serve import free_port
 

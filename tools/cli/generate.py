@@ -107,7 +107,7 @@ def generate_cpp(engine_dir, text, chat, system, as_json, backend, device, provi
 def chat_prompt(rt, user: str, system: str | None) -> str:
     """The prompt text for one user message (after an optional system message), as `specrt serve` builds it."""
     try:
-        from ...runtime.chat import ChatTemplate, TemplateInputError
+        from ...runtime.serve.chat import ChatTemplate, TemplateInputError
     except ImportError as e:
         raise click.ClickException(f"--chat renders the tokenizer's chat template, which needs jinja2: "
                                    f"pip install 'specrt[serve]' ({e})")

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import click
 
+from ...runtime.methods import METHODS
+
 
 @click.command()
 @click.argument("engine_dir", type=click.Path())
@@ -14,7 +16,7 @@ import click
               help="Sequences decoded together in one target pass.")
 @click.option("--max-queue", default=128, show_default=True, type=click.IntRange(0),
               help="Requests waiting for a slot; more get HTTP 429.")
-@click.option("--method", default=None, type=click.Choice(["none", "draft", "ngram", "suffix", "medusa", "eagle"]),
+@click.option("--method", default=None, type=click.Choice(METHODS),
               help="Proposer (none = no speculation). Default: the engine dir's default.")
 @click.option("--gamma", default=None, type=int,
               help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")
@@ -70,7 +72,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
         from ...engines import EngineError
         from ...runtime.core import CoreConfig
         from ...runtime.sampling import SamplingError
-        from ...runtime.server import AppSpec, ServerConfig, api_keys, build_app
+        from ...runtime.serve.app import AppSpec, ServerConfig, api_keys, build_app
     except ImportError as e:
         raise click.ClickException(f"serving needs fastapi, uvicorn and prometheus-client: "
                                    f"pip install 'specrt[serve]' ({e})")
@@ -95,7 +97,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
     click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)
-    from ...runtime.serve_http import timed_h11
+    from ...runtime.serve.http import timed_h11
 
     uvicorn.run(app, host=host, port=port, log_level=log_level, limit_concurrency=max_connections,
                 timeout_keep_alive=keep_alive_timeout, h11_max_incomplete_event_size=max_header_bytes,
@@ -108,7 +110,7 @@ def serve_on_ray(spec, replicas: int, address, host: str, port: int, cpus: float
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("--ray needs Ray Serve: pip install 'specrt[ray]'")
-    from ...runtime import ray_serve
+    from ...runtime.serve import ray_serve
     from ...engines import EngineError
 
     try:

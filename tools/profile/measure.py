@@ -154,9 +154,9 @@ def verify_curve(rt, cfg: ProfileConfig, rng) -> list[dict]:
 
 def implemented_methods() -> tuple:
     """The runtime's METHODS, read now (methods may be added after this module was written)."""
-    from ...runtime import core
+    from ...runtime import methods
 
-    return tuple(core.METHODS)
+    return tuple(methods.METHODS)
 
 
 def method_availability(rt, methods) -> dict:

@@ -49,7 +49,7 @@ def expand_paths(specs) -> list[Path]:
 
 
 def read_documents(specs, chat=None) -> list[Document]:
-    """The documents of ``specs`` (see the module docstring); ``chat``: a ``runtime.chat.ChatTemplate``."""
+    """The documents of ``specs`` (see the module docstring); ``chat``: a ``runtime.serve.chat.ChatTemplate``."""
     docs = []
     for path in expand_paths(specs):
         if path.suffix == ".jsonl":
@@ -131,7 +131,7 @@ def encode_documents(tokenizer, docs: list[Document], eos: int) -> np.ndarray:
 
 def training_data(target_dir: Path, data, heldout, tokenizer, eos: int, seq: int, log=print):
     """(train ids, held-out ids, train docs, held docs, split note) for a trainer; TrainError-ready messages."""
-    from ...runtime.chat import ChatTemplate
+    from ...runtime.serve.chat import ChatTemplate
 
     try:
         chat = ChatTemplate(target_dir)

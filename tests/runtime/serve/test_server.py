@@ -13,7 +13,7 @@ import pytest
 
 import specrt
 from specrt.runtime.core import CoreConfig
-from specrt.runtime.chat import ChatTemplate, TemplateInputError
+from specrt.runtime.serve.chat import ChatTemplate, TemplateInputError
 from serving import AUTH, KEY, MODEL, SlowEngine, metrics, slow_runtime
 
 PROMPTS = ["hello world", "the cat sat on", "abc abc abc", "a", "zebra crossing, quickly."]

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .core import DecodeCore, SequenceRequest, StepReport
+from ..core import DecodeCore, SequenceRequest, StepReport
 
 
 class QueueFullError(RuntimeError):

@@ -1,10 +1,10 @@
-"""Request parsing of `specrt serve` (runtime/openai_api.py): OpenAI's field forms, neutral values of fields
+"""Request parsing of `specrt serve` (runtime/serve/openai_api.py): OpenAI's field forms, neutral values of fields
 specrt does not implement, integral floats, nesting; each refusal is a 400 naming the field."""
 import json
 
 import pytest
 
-from specrt.runtime.openai_api import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
+from specrt.runtime.serve.openai_api import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 
 BASE = {"model": "m", "prompt": "hi"}
 

@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.
 
 import specrt  # noqa: E402
 from specrt.runtime.core import CoreConfig  # noqa: E402
-from specrt.runtime.server import AppSpec, ServerConfig  # noqa: E402
+from specrt.runtime.serve.app import AppSpec, ServerConfig  # noqa: E402
 
 MODEL = "tiny-ray"
 
@@ -60,7 +60,7 @@ def cluster(engine):
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from specrt.runtime.ray_serve import deployment
+    from specrt.runtime.serve.ray_serve import deployment
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     c = Cluster(initialize_head=True, head_node_args={
@@ -134,7 +134,7 @@ def test_a_killed_replica_is_replaced_and_requests_keep_succeeding(cluster):
 
 
 def test_serve_run_app_builder_validates_its_arguments(engine):
-    from specrt.runtime.ray_serve import app_builder
+    from specrt.runtime.serve.ray_serve import app_builder
 
     with pytest.raises(ValueError, match="engine_dir=DIR is required"):
         app_builder({"replicas": "2"})

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible surface of `specrt serve`: request schemas and response bodies (chat templates: runtime/chat.py).
+"""The OpenAI-compatible surface of `specrt serve`: request schemas and response bodies (chat templates: runtime/serve/chat.py).
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
 400 with an OpenAI-style error body (``error_body``), never silently ignored. Fields of OpenAI's API

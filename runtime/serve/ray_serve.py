@@ -23,7 +23,7 @@ import signal
 import threading
 from dataclasses import replace
 
-from .server import AppSpec, build_app
+from .app import AppSpec, build_app
 
 MIRRORED = ("specrt_", "process_")  # metric name prefixes mirrored into Ray's metrics
 
@@ -32,8 +32,8 @@ def check_spec(spec: AppSpec) -> AppSpec:
     """On the driver, before anything is deployed: the engine dir is valid and has the method (the
     replicas load the same path). Returns ``spec`` with its method resolved; raises EngineError /
     SamplingError."""
-    from ..engines.manifest import load_manifest
-    from .runtime import resolve_method
+    from ...engines.manifest import load_manifest
+    from ..methods import resolve_method
 
     method = resolve_method(load_manifest(spec.engine_dir), spec.config.batch.method)
     return replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=method)))
@@ -80,15 +80,15 @@ def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_inte
 def app_builder(args: dict):
     """Ray's ``serve run`` entry point (values arrive as strings):
 
-        serve run specrt.runtime.ray_serve:app_builder engine_dir=/models/engine replicas=2 cpus=4 \
+        serve run specrt.runtime.serve.ray_serve:app_builder engine_dir=/models/engine replicas=2 cpus=4 \
             max_batch=8 max_queue=128 method=draft model_name=code api_key=KEY threads=4
 
     Only ``engine_dir`` is required; the rest default as in `specrt serve`.
     """
     from pathlib import Path
 
-    from .core import CoreConfig
-    from .server import ServerConfig
+    from ..core import CoreConfig
+    from .app import ServerConfig
 
     known = {"engine_dir", "replicas", "cpus", "max_batch", "max_queue", "method", "gamma", "model_name", "api_key",
              "threads", "backend"}

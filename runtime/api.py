@@ -16,7 +16,8 @@ from ..contract import io_names
 from ..engines import EngineError, open_engine
 from ..engines.manifest import GraphSpec, Manifest, load_manifest
 from .batch_policy import LatencyCurve
-from .core import METHODS, CoreConfig, DecodeCore, SequenceRequest
+from .core import CoreConfig, DecodeCore, SequenceRequest
+from .methods import check_method, resolve_method
 from .runner import HostRunner
 from .sampling import SamplingError, SamplingParams
 from ..trees import compile_tree, load_tree
@@ -31,23 +32,6 @@ def check_prompt_length(n: int, max_len: int) -> None:
     if n >= max_len:
         raise PromptTooLongError(f"prompt has {n} tokens; the engine's cache holds max_len={max_len} tokens in all, "
                                  f"so at most {max_len - 1}")
-
-
-def resolve_method(manifest: Manifest, method: str | None) -> str:
-    """The method a request runs (None: the engine dir's default, else draft if it has one, else
-    ngram); SamplingError for an unknown one or one the engine dir lacks. Needs only the manifest."""
-    if method is None:
-        method = manifest.defaults.get("method") or ("draft" if manifest.draft else "ngram")
-    if method not in METHODS:
-        raise SamplingError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
-    check_method(manifest, method)
-    return method
-
-
-def check_method(manifest: Manifest, method: str) -> None:
-    present = {"draft": manifest.draft, "medusa": manifest.medusa, "eagle": manifest.eagle}
-    if method in present and present[method] is None:
-        raise SamplingError(f"method {method!r} needs an engine dir exported with --{method}")
 
 
 EXTRA_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs")
@@ -235,6 +219,10 @@ class Runtime:
 
     def check_method(self, method: str) -> None:
         check_method(self.manifest, method)
+
+    def new_core(self, config: CoreConfig) -> DecodeCore:
+        """A decode core of ``config.max_batch`` slots with runners of its own (what ``specrt serve`` runs)."""
+        return DecodeCore(self, config)
 
     def core(self, method: str, acceptance: str = "exact") -> DecodeCore:
         """The batch-1 decode core of ``method`` (made once; the target's cache and latency curve shared)."""

@@ -19,14 +19,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .core import CoreConfig, DecodeCore
+from ..core import CoreConfig
 from .chat import ChatTemplate, TemplateInputError
 from .openai_api import (ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                          error_body, parse_request)
-from .runtime import PromptTooLongError
-from .sampling import SamplingError, SamplingParams
-from .serve_answer import Answerer, Job
-from .serve_metrics import ServerMetrics
+from ..api import PromptTooLongError
+from ..sampling import SamplingError, SamplingParams
+from .answer import Answerer, Job
+from .metrics import ServerMetrics
 from .worker import EngineWorker
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize",
@@ -64,7 +64,7 @@ def build_app(spec: AppSpec) -> FastAPI:
     each Ray Serve replica. Raises EngineError, SamplingError or ValueError with the user's message."""
     from dataclasses import replace
 
-    from .runtime import Runtime
+    from ..api import Runtime
 
     options = {k: v for k, v in (("device", spec.device), ("threads", spec.threads)) if v}
     rt = Runtime.load(spec.engine_dir, backend=spec.backend, **options)
@@ -102,7 +102,7 @@ class MetricsMiddleware:
 
 def create_app(runtime, config: ServerConfig) -> FastAPI:
     """An ASGI app serving ``runtime``'s engine dir. The engine worker runs while the app's lifespan does."""
-    generator = DecodeCore(runtime, config.batch)
+    generator = runtime.new_core(config.batch)
     metrics = ServerMetrics(max_batch=config.batch.max_batch, policy=generator.policy,
                             current_alpha=lambda: generator.served.alpha)
     worker = EngineWorker(generator, config.max_queue, on_step=metrics.observe_step,
@@ -279,7 +279,7 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
 
     @app.get("/version")
     async def version():
-        from .. import __version__
+        from ... import __version__
 
         return {"version": __version__}
 
@@ -373,7 +373,7 @@ class BackgroundServer:
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0):
         import uvicorn
 
-        from .serve_http import timed_h11
+        from .http import timed_h11
 
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
