@@ -45,18 +45,12 @@ std::string Engine::default_method() const {
   return draft_ ? "draft" : "ngram";
 }
 
-std::string Engine::resolve_method(const std::string &method) const {
-  const std::string m = method.empty() ? default_method() : method;
-  if (m == "medusa" || m == "eagle")
-    throw ArgumentError("method '" + m + "' is not in the C++ runtime (it runs none, draft, ngram, suffix); pass one of those");
-  if (m != "none" && m != "draft" && m != "ngram" && m != "suffix")
-    throw ArgumentError("unknown method '" + m + "'; available: none, draft, ngram, suffix");
-  if (m == "draft" && !draft_) throw ArgumentError("method 'draft' needs an engine dir exported with --draft");
-  return m;
+std::unique_ptr<Proposer> Engine::make_request_proposer(const std::string &method) {
+  return make_proposer(method.empty() ? default_method() : method, draft_.get(), draft_curve_, suffix_cache_);
 }
 
-int Engine::resolve_gamma(int gamma, const std::string &method) const {
-  if (method == "none") return 0;
+int Engine::resolve_gamma(int gamma, const Proposer &proposer) const {
+  if (!proposer.proposes()) return 0;
   if (gamma < 0) return manifest_.default_gamma.value_or(kAdaptive);
   if (gamma > manifest_.gamma)
     throw ArgumentError("gamma must be in 0.." + std::to_string(manifest_.gamma) + " (the exported gamma), got " +
@@ -64,8 +58,7 @@ int Engine::resolve_gamma(int gamma, const std::string &method) const {
   return gamma;
 }
 
-Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_token) {
-  const auto t0 = std::chrono::steady_clock::now();
+void Engine::check_request(const GenerateRequest &req) const {
   if (std::string problem = check_sampling(req.sampling); !problem.empty()) throw ArgumentError(problem);
   if (req.max_new_tokens < 1)
     throw ArgumentError("max_new_tokens must be an integer >= 1, got " + std::to_string(req.max_new_tokens));
@@ -75,8 +68,15 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     throw ArgumentError("prompt length " + std::to_string(n_prompt) + " outside 1.." + std::to_string(max_len - 1));
   for (int64_t id : req.prompt)
     if (id < 0 || id >= vocab) throw ArgumentError("token id " + std::to_string(id) + " outside the vocabulary 0.." + std::to_string(vocab - 1));
-  const std::string method = resolve_method(req.method);
-  const int fixed_gamma = resolve_gamma(req.gamma, method);
+}
+
+Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_token) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_request(req);
+  const int max_len = manifest_.max_len, vocab = target_->vocab();
+  const int n_prompt = static_cast<int>(req.prompt.size());
+  const std::unique_ptr<Proposer> proposer = make_request_proposer(req.method);  // chosen once: the loop calls only it
+  const int fixed_gamma = resolve_gamma(req.gamma, *proposer);
   const bool adaptive = fixed_gamma == kAdaptive;
   const Sampling &s = req.sampling;
   const double engine_before = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - calibration_seconds_;
@@ -100,40 +100,21 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
   target_->rollback(0);
   const float *logits = target_->prefill(req.prompt);
   bool done = emit(next_token(logits, vocab, s, rng, scratch_row_));
-  std::optional<DraftProposer> draft;
-  NGramIndex ngram;
-  SuffixIndex suffix(suffix_cache_.index.depth());  // this request's own index (method suffix)
-  size_t suffix_indexed = 0;
   const bool started = !done;  // a sequence that ends at its first token never reaches a proposer
-  if (method == "draft") draft.emplace(*draft_);
-  if (!done && draft) draft->start(req.prompt);
-  if (!done && adaptive) calibrate();
+  if (started) proposer->start(seq);
+  if (started && adaptive) calibrate();
   AlphaEstimate alpha = served_;
   while (!done) {  // one round: propose k, verify all of them in ONE target pass, keep the accepted prefix
     const int budget = limit - static_cast<int>(g.tokens.size());
     const int room = budget <= 1 ? 0 : std::min(budget - 1, target_->room() - 1);  // proposals this round may hold
     const int gamma = room <= 0  ? 0  // (the policy is not asked: a probe is never spent on a round that cannot draft)
-                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, draft ? draft_curve_.seconds(1) : 0)
+                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, proposer->step_seconds())
                                  : fixed_gamma;
     const int k = std::max(0, std::min(gamma, room));
     Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
     p.tokens.clear();
     p.q.clear();
-    if (k && draft) {
-      const double before_s = draft_->engine_seconds;
-      const int64_t before_calls = draft_->calls;
-      draft->propose(seq, k, s, rng, p);
-      draft_curve_.record(1, (draft_->engine_seconds - before_s) / std::max<int64_t>(1, draft_->calls - before_calls));
-    }
-    if (k && method == "ngram") {
-      ngram.extend(seq);
-      p.tokens = ngram.propose(k);
-    }
-    if (k && method == "suffix") {
-      suffix.add(seq, suffix_indexed, seq.size());
-      suffix_indexed = seq.size();
-      p.tokens = suffix_propose(suffix, &suffix_cache_.index, seq, k);
-    }
+    if (k) proposer->propose(seq, k, s, rng, p);
     ids_.assign(1, seq.back());
     ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
     const auto t_pass = std::chrono::steady_clock::now();
@@ -152,9 +133,9 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     for (int i = 0; i < v.accepted && !done; ++i) done = emit(p.tokens[i]);
     if (!done) done = emit(v.next);
   }
-  if (method == "suffix" && started) suffix_cache_.add(seq);  // it joins the global index
+  if (started) proposer->finish(seq);
   c.target_passes = target_->calls - calibration_calls_ - target_calls_before;  // prefill chunks and rounds
-  c.draft_passes = draft ? draft->passes : 0;
+  c.draft_passes = proposer->passes();
   c.engine_seconds = target_->engine_seconds + (draft_ ? draft_->engine_seconds : 0) - calibration_seconds_ - engine_before;
   c.wall_seconds = seconds_since(t0);
   return g;

@@ -1,15 +1,15 @@
-// The engine: an engine dir's graphs and the decode loop (draft, verify, accept), batch 1.
+// The engine: an engine dir's graphs and the decode loop (propose, verify, accept), batch 1. The
+// loop reaches the request's method only through its Proposer (proposer.h), made once per request.
 #pragma once
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "gamma_policy.h"
 #include "graph.h"
 #include "manifest.h"
-#include "proposers.h"
+#include "proposer.h"
 #include "sampling.h"
 #include "suffix.h"
 
@@ -53,9 +53,10 @@ class Engine {
   std::string default_method() const;  // defaults.method, else "draft" if there is a draft, else "ngram"
 
  private:
-  std::string resolve_method(const std::string &method) const;  // throws ArgumentError
+  void check_request(const GenerateRequest &request) const;  // sampling, max_new_tokens, prompt; throws ArgumentError
+  std::unique_ptr<Proposer> make_request_proposer(const std::string &method);  // "": the default; throws ArgumentError
   static constexpr int kAdaptive = -2;  // resolve_gamma's answer for "the policy decides per round"
-  int resolve_gamma(int gamma, const std::string &method) const;   // 0..gamma, or kAdaptive
+  int resolve_gamma(int gamma, const Proposer &proposer) const;   // 0..gamma, or kAdaptive
   void calibrate();  // T(q) for the q = 1..gamma+1 not measured yet (adaptive γ)
 
   Manifest manifest_;
@@ -66,7 +67,7 @@ class Engine {
   std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
   // Adaptive γ (a request with gamma -1 on an engine dir whose defaults.gamma is null), kept across requests:
   LatencyCurve target_curve_{1};  // T(q): seconds of a target pass over q = 1..gamma+1 positions
-  LatencyCurve draft_curve_{1};   // D: seconds of one draft call (n = 1; 0 until measured)
+  LatencyCurve draft_curve_{1};   // D: seconds of one draft call (n = 1; 0 until measured; DraftProposer records it)
   AlphaEstimate served_;          // α over the sequences served: a new sequence starts from it
   GammaPolicy policy_{0, 8};      // probes every 8 rounds off, as the Python runtime's batch-1 core
   int64_t calibration_calls_ = 0;

@@ -91,4 +91,10 @@ std::vector<int64_t> suffix_propose(const SuffixIndex &local, const SuffixIndex 
   return out;
 }
 
+void SuffixProposer::propose(const std::vector<int64_t> &seq, int k, const Sampling &, Rng &, Proposal &out) {
+  local_.add(seq, indexed_, seq.size());
+  indexed_ = seq.size();
+  out.tokens = suffix_propose(local_, &cache_.index, seq, k);
+}
+
 }  // namespace specrt::impl

@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "proposer.h"
+
 namespace specrt::impl {
 
 // The hashes of the last 1..depth tokens of `tokens` (hashes[n - 1]: the last n), each built from
@@ -53,5 +55,20 @@ class SuffixCache {
 // (ties: the request's own index, then the lowest token id).
 std::vector<int64_t> suffix_propose(const SuffixIndex &local, const SuffixIndex *shared, const std::vector<int64_t> &context,
                                     int k, double factor = 1.0, double min_prob = 0.1);
+
+// Method "suffix": the request's own index, extended with what each round emitted, and the engine's
+// global cache, which the sequence joins when it ends.
+class SuffixProposer : public Proposer {
+ public:
+  explicit SuffixProposer(SuffixCache &cache) : cache_(cache), local_(cache.index.depth()) {}
+  const char *name() const override { return "suffix"; }
+  void propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng, Proposal &out) override;
+  void finish(const std::vector<int64_t> &seq) override { cache_.add(seq); }
+
+ private:
+  SuffixCache &cache_;  // the engine's recent finished sequences (kept across requests)
+  SuffixIndex local_;   // this request's sequence
+  size_t indexed_ = 0;  // tokens of the sequence counted in local_
+};
 
 }  // namespace specrt::impl

@@ -1,5 +1,5 @@
 // C++ unit tests of libspecrt's pieces (ctest "unit"): the sampling filter, verification's
-// distribution, the n-gram matcher, manifest errors through the C ABI, and, when
+// distribution, the n-gram matcher, the proposer factory, manifest errors through the C ABI, and, when
 // SPECRT_TEST_ENGINE names an engine dir, greedy speculative == plain greedy on it.
 // The comparisons with the Python runtime live in tests/cpp (pytest, through the C ABI).
 #include <sys/stat.h>
@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "error.h"
 #include "gamma_policy.h"
-#include "proposers.h"
+#include "ngram.h"
+#include "proposer.h"
 #include "sampling.h"
 #include "suffix.h"
 #include "specrt.hpp"
@@ -108,6 +110,40 @@ void test_ngram() {
   CHECK((index.propose(3) == std::vector<int64_t>{3, 9, 1}));
   index.extend({5, 1, 2, 3, 9, 1, 2, 7});
   CHECK(index.propose(2).empty());
+}
+
+std::string method_error(const std::string &method, LatencyCurve &curve, SuffixCache &cache) {  // "" if none
+  try {
+    make_proposer(method, nullptr, curve, cache);
+  } catch (const ArgumentError &e) {
+    return e.what();
+  }
+  return "";
+}
+
+void test_proposer_factory() {  // one proposer per method, through the interface only
+  LatencyCurve curve(1);
+  SuffixCache cache(3, 100);
+  cache.add({7, 1, 2, 3, 4});
+  for (const char *method : {"none", "ngram", "suffix"})
+    CHECK(std::string(make_proposer(method, nullptr, curve, cache)->name()) == method);
+  CHECK(!make_proposer("none", nullptr, curve, cache)->proposes());
+  Rng rng(0);
+  Proposal p;
+  std::vector<int64_t> seq = {5, 1, 2, 3, 9, 1, 2};
+  make_proposer("ngram", nullptr, curve, cache)->propose(seq, 3, Sampling{}, rng, p);
+  CHECK((p.tokens == std::vector<int64_t>{3, 9, 1}) && p.q.empty());
+  auto suffix = make_proposer("suffix", nullptr, curve, cache);
+  seq = {9, 1, 2};
+  suffix->start(seq);
+  suffix->propose(seq, 5, Sampling{}, rng, p);  // the worked example of suffix.h
+  CHECK((p.tokens == std::vector<int64_t>{3, 4}));
+  suffix->finish({8, 6});  // a finished sequence joins the engine's cache
+  CHECK(cache.index.longest(context_hashes({8}, 1, 3)).first == 1);
+  CHECK(method_error("draft", curve, cache) == "method 'draft' needs an engine dir exported with --draft");
+  CHECK(method_error("eagle", curve, cache) ==
+        "method 'eagle' is not in the C++ runtime (it runs none, draft, ngram, suffix); pass one of those");
+  CHECK(method_error("beam", curve, cache) == "unknown method 'beam'; available: none, draft, ngram, suffix");
 }
 
 void test_gamma_policy() {
@@ -207,6 +243,7 @@ int main() {
   test_ngram();
   test_gamma_policy();
   test_suffix();
+  test_proposer_factory();
   test_manifest_errors();
   test_engine();
   if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);
