@@ -46,10 +46,14 @@ class Choice:
 
 
 class Answerer:
-    """Answers jobs through ``worker``; ``token_text(id)`` is one token's text (logprobs)."""
+    """Answers jobs through ``worker``: ``await answerer(request, job)`` is the HTTP response.
+    ``tokenizer`` names the logprobs' tokens; ``model`` is the id the answers carry."""
 
-    def __init__(self, worker, metrics, model: str, token_text):
-        self.worker, self.metrics, self.model, self.token_text = worker, metrics, model, token_text
+    def __init__(self, worker, metrics, model: str, tokenizer):
+        self.worker, self.metrics, self.model, self.tokenizer = worker, metrics, model, tokenizer
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
 
     async def __call__(self, request: Request, job: Job):
         loop = asyncio.get_running_loop()

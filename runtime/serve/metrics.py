@@ -82,6 +82,10 @@ class ServerMetrics:
             self.max_spec_batch.set(self.policy.max_speculative_batch(alpha, self.max_batch))
         return generate_latest(self.registry)
 
+    def observe_cancel(self, handle) -> None:
+        """Worker hook: a request was cancelled (its client went away) and its slots freed."""
+        self.cancelled.inc()
+
     def observe_step(self, report: StepReport | None, active: int, queued: int) -> None:
         """Worker hook: the batch and queue after a step or admission; the step's own numbers."""
         self.batch_size.set(active)

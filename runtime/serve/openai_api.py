@@ -50,6 +50,25 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+class RefusedField(ValueError):
+    """A schema validator's refusal, answered as it stands: a 400 with this message, ``param`` and ``code``.
+
+    Validators must raise ValueError for pydantic to collect the error; pydantic keeps the exception
+    itself in the error's context, where ``parse_request`` finds it by type::
+
+        raise RefusedField("top_logprobs needs logprobs=true", param="top_logprobs")
+        # -> 400 {"error": {"message": "top_logprobs needs logprobs=true", "param": "top_logprobs",
+        #                   "code": "invalid_value", "type": "invalid_request_error"}}
+    """
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+    def api_error(self) -> ApiError:
+        return ApiError(400, self.message, param=self.param, code=self.code)
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False  # send a last chunk with empty choices and the usage
@@ -84,7 +103,8 @@ class SamplingFields(BaseModel):
             if name in data and name not in cls.model_fields:  # (a schema that implements it validates it)
                 value = data[name]
                 if not any(type(value) is type(v) and value == v for v in neutral if v is not None) and value is not None:
-                    raise ValueError(f"NOT_SUPPORTED:{name}:{value!r}")
+                    raise RefusedField(f"{name}={value!r} is not supported by specrt (only its neutral value is "
+                                       "accepted)", param=name, code="unsupported_parameter")
                 data = {k: v for k, v in data.items() if k != name}
         return data
 
@@ -98,7 +118,7 @@ class SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("STREAM_OPTIONS")
+            raise RefusedField("stream_options is only allowed with stream=true", param="stream_options")
         return self
 
 
@@ -111,12 +131,18 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _no_prompt_logprobs(self):
         if self.echo and self.logprobs is not None:
-            raise ValueError("ECHO_LOGPROBS")
+            raise RefusedField("echo with logprobs (the prompt's logprobs) is not supported by specrt", param="echo",
+                               code="unsupported_parameter")
         return self
 
     @property
     def top(self) -> int | None:
         return self.logprobs
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The completion's token limit (None: until the cache is full)."""
+        return self.max_tokens
 
 
 class TextPart(BaseModel):
@@ -145,12 +171,17 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("TOP_LOGPROBS")
+            raise RefusedField("top_logprobs needs logprobs=true", param="top_logprobs")
         return self
 
     @property
     def top(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The completion's token limit (None: until the cache is full)."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 class TokenizeRequest(BaseModel):
@@ -181,28 +212,22 @@ def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
     try:
         return schema.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        msg = str(err.get("ctx", {}).get("error", ""))
-        if msg.startswith("NOT_SUPPORTED:"):
-            _, name, value = msg.split(":", 2)
-            raise ApiError(400, f"{name}={value} is not supported by specrt (only its neutral value is accepted)",
-                           param=name, code="unsupported_parameter") from None
-        if msg == "ECHO_LOGPROBS":
-            raise ApiError(400, "echo with logprobs (the prompt's logprobs) is not supported by specrt", param="echo",
-                           code="unsupported_parameter") from None
-        if msg == "TOP_LOGPROBS":
-            raise ApiError(400, "top_logprobs needs logprobs=true", param="top_logprobs", code="invalid_value") from None
-        if msg == "STREAM_OPTIONS":
-            raise ApiError(400, "stream_options is only allowed with stream=true", param="stream_options",
-                           code="invalid_value") from None
-        param = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            raise ApiError(400, f"unknown parameter: {param!r}", param=param, code="unknown_parameter") from None
-        if kind == "missing":
-            raise ApiError(400, f"missing required parameter: {param!r}", param=param,
-                           code="missing_required_parameter") from None
-        raise ApiError(400, f"invalid value for {param!r}: {err['msg']}", param=param, code="invalid_value") from None
+        raise validation_error(e.errors()[0]) from None
+
+
+def validation_error(err: dict) -> ApiError:
+    """The ApiError(400) answering pydantic's (first) validation error ``err``: a validator's ``RefusedField``
+    as it stands, else a message and code by the error's kind, naming the field's dotted path."""
+    refusal = err.get("ctx", {}).get("error")
+    if isinstance(refusal, RefusedField):
+        return refusal.api_error()
+    param = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return ApiError(400, f"unknown parameter: {param!r}", param=param, code="unknown_parameter")
+    if kind == "missing":
+        return ApiError(400, f"missing required parameter: {param!r}", param=param, code="missing_required_parameter")
+    return ApiError(400, f"invalid value for {param!r}: {err['msg']}", param=param, code="invalid_value")
 
 
 def _is_union_tag(part) -> bool:

@@ -1,6 +1,6 @@
 """`specrt serve --ray`: specrt's OpenAI server as Ray Serve replicas (``pip install 'specrt[ray]'``).
 
-Every replica builds its own app from the same ``AppSpec`` with ``server.build_app`` (the engine
+Every replica builds its own app from the same ``AppSpec`` with ``app.build_app`` (the engine
 dir must sit at the same path on every node), so a replica is one `specrt serve` process: its own
 engine worker, continuous batching, limits and errors. Ray Serve's proxy spreads requests over the
 replicas. What this module adds:
@@ -60,14 +60,14 @@ def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_inte
             threads = spec.threads or max(1, int(cpus))
             # (``self.app`` is Serve's read-only property: the app lives in ``self.specrt_app``)
             self.specrt_app = build_app(replace(spec, threads=threads, config=replace(spec.config, replica=self.replica)))
-            self.mirror = MetricsMirror(self.specrt_app.state.metrics.registry, metrics_interval)
+            self.mirror = MetricsMirror(self.specrt_app.state.server.metrics.registry, metrics_interval)
             self.mirror.start()
 
         def __serve_build_asgi_app__(self):
             return self.specrt_app
 
         def check_health(self) -> None:
-            if not self.specrt_app.state.worker.running:
+            if not self.specrt_app.state.server.worker.running:
                 raise RuntimeError(f"replica {self.replica}: specrt's engine worker is not running")
 
         def __del__(self):
@@ -88,7 +88,7 @@ def app_builder(args: dict):
     from pathlib import Path
 
     from ..core import CoreConfig
-    from .app import ServerConfig
+    from .config import ServerConfig
 
     known = {"engine_dir", "replicas", "cpus", "max_batch", "max_queue", "method", "gamma", "model_name", "api_key",
              "threads", "backend"}
