@@ -28,56 +28,22 @@ features before they enter the head. Head dir: config.json (format ``specrt-eagl
 """
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..contract import MASK_MIN
-from .eagle_head import FORMAT, MLP, TOLERANCE, Attention, EagleConfig, EagleError, RMSNorm, export_head_graph
+from .eagle3_upstream import read_upstream3_config, read_upstream3_state, upstream_kind
+from .eagle_config import FORMAT, Eagle3Config, EagleError, default_aux_layers
+from .eagle_head import TOLERANCE, check_head_match, export_head_graph
+from .eagle_layers import MLP, Attention, RMSNorm
 from .head_files import read_head_dir, write_head_dir
 
 FC_INPUTS, FC_OUTPUTS = ["aux_hidden"], ["hidden"]  # the fc graph's I/O
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's feature layers for an L-layer target: the hidden states entering layers 2, L//2 and
-    L-3 (HF ``hidden_states`` indices; 0 = the embeddings), clamped into 0..L-1 for small targets."""
-    return sorted(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
-
-
-@dataclass(frozen=True)
-class Eagle3Config:
-    hidden_size: int  # H: the target's hidden size (the head's width; fc reads 3H)
-    vocab_size: int  # V: the target's vocabulary
-    num_heads: int = 4  # attention heads of the head's layer
-    num_kv_heads: int = 4  # key/value heads (GQA when < num_heads)
-    intermediate_size: int = 0  # MLP width (0 = 2 * hidden_size; for_target copies the target's)
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    draft_vocab_size: int = 0  # Vd: the head's own LM head width (0 = the target's vocabulary)
-    aux_layers: list = field(default_factory=list)  # the 3 target layers fused (empty = default_aux_layers(L))
-    norm_before_residual: bool = False  # the layer's residual is hidden_norm(g) instead of g (speculators)
-    target_architecture: str = ""  # HF class of the target the head was trained on
-    target_vocab_sha256: str = ""  # hash of the target tokenizer's vocabulary ("" = unknown)
-    version: int = 3  # head format version (EAGLE-1 dirs have none: 1)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def draft_vocab(self) -> int:
-        return self.draft_vocab_size or self.vocab_size
-
-    @classmethod
-    def for_target(cls, model, **over) -> "Eagle3Config":
-        """The head shaped like one layer of ``model`` (a HF causal LM), fusing its default layers."""
-        base = {k: v for k, v in asdict(EagleConfig.for_target(model)).items() if k in cls.__dataclass_fields__}
-        layers = default_aux_layers(int(model.config.get_text_config().num_hidden_layers))
-        return cls(**{**base, "aux_layers": layers, **over})
 
 
 class Eagle3Layer(torch.nn.Module):
@@ -196,10 +162,6 @@ def save_head3(head: Eagle3Head, out: str | Path, extra: dict | None = None, dty
 
 def is_eagle3(head_dir) -> bool:
     """An EAGLE-3 head dir: specrt's with ``version: 3``, or SafeAILab's / speculators' (eagle3_upstream.py)."""
-    import json
-
-    from .eagle3_upstream import upstream_kind
-
     path = Path(head_dir) / "config.json"
     if upstream_kind(head_dir) is not None:
         return True
@@ -211,8 +173,6 @@ def is_eagle3(head_dir) -> bool:
 
 
 def read_head3_config(head_dir) -> tuple[Eagle3Config, dict]:
-    from .eagle3_upstream import read_upstream3_config, upstream_kind
-
     if upstream_kind(head_dir) is not None:
         return read_upstream3_config(head_dir)
     return read_head_dir(head_dir, FORMAT, Eagle3Config, EagleError, "an EAGLE-3 head", "head",
@@ -230,9 +190,6 @@ def resolve_aux_layers(cfg: Eagle3Config, num_layers: int) -> list[int]:
 def load_head3(head_dir, target_model, dtype=torch.float32) -> tuple[Eagle3Head, dict]:
     """(head in eval mode with the target's embedding attached and its layers resolved, raw config)."""
     from safetensors.torch import load_file
-
-    from .eagle3_upstream import read_upstream3_state, upstream_kind
-    from .eagle_head import check_head_match
 
     cfg, raw = read_head3_config(head_dir)
     emb = target_model.get_output_embeddings().weight

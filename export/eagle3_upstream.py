@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .eagle_config import Eagle3Config, EagleError
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LAYER_KEYS = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
               "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -50,9 +52,6 @@ def upstream_kind(head_dir) -> str | None:
 
 
 def read_upstream3_config(head_dir):
-    from .eagle3_head import Eagle3Config
-    from .eagle_head import EagleError
-
     raw, kind = _config(head_dir), upstream_kind(head_dir)
     layer = (raw.get("transformer_layer_config") or {}) if kind == "speculators" else raw
     if not isinstance(layer, dict) or "hidden_size" not in layer:
@@ -82,8 +81,6 @@ def read_upstream3_config(head_dir):
 def read_upstream3_state(head_dir) -> dict:
     """Their weights under specrt's names (``fc.*``, ``midlayer.*``, ``norm.*``, ``lm_head.*``, ``d2t``, ``t2d``)."""
     import torch
-
-    from .eagle_head import EagleError
 
     d, prefix = Path(head_dir), PREFIX[upstream_kind(head_dir)]
     if (d / WEIGHT_FILES[0]).is_file():

@@ -10,10 +10,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from ..engines.wrapper import geometry
+from ..trees import compile_tree
+from .eagle3_head import export_head3_graphs, is_eagle3, load_head3, read_head3_config, resolve_aux_layers
+from .eagle_config import EagleError
+from .eagle_head import check_head_match, export_head_graph, load_head, read_head_config
+from .errors import ExportError
+from .hf_checkpoint import load_hf
+
 
 def check_eagle_tree(eagle_tree) -> dict:
-    from .onnx_export import ExportError
-
+    """The dynamic draft tree's budget ({"nodes", "depth", "topk"}; defaults filled in); ExportError if invalid."""
     t = {"nodes": 32, "depth": 5, "topk": 8, **(eagle_tree or {})}
     if not all(isinstance(t[k], int) and t[k] >= 1 for k in ("nodes", "depth", "topk")) or t["nodes"] < 2:
         raise ExportError(f"EAGLE tree needs integers nodes >= 2, depth >= 1, topk >= 1; got {t}")
@@ -23,12 +30,6 @@ def check_eagle_tree(eagle_tree) -> dict:
 def eagle_target_config(eagle_dir, eagle_tree: dict, model, target_vocab: str, target_dir, cfg):
     """The target's ExportConfig for the head (hidden, EAGLE-3's aux_hidden, a parity case at Q = nodes);
     ExportError for a head of another target, before the long export."""
-    from ..engines.wrapper import geometry
-    from ..trees import compile_tree
-    from .eagle3_head import is_eagle3, read_head3_config, resolve_aux_layers
-    from .eagle_head import EagleError, check_head_match, read_head_config
-    from .onnx_export import ExportError
-
     geo = geometry(model)
     aux = None
     try:
@@ -46,10 +47,6 @@ def eagle_target_config(eagle_dir, eagle_tree: dict, model, target_vocab: str, t
 
 def export_eagle(eagle_dir, eagle_tree: dict, target_dir, target_vocab: str, out: Path, cfg, log) -> dict:
     """Export the EAGLE head beside the target; returns the manifest's ``eagle`` section."""
-    from .eagle3_head import export_head3_graphs, is_eagle3, load_head3
-    from .eagle_head import EagleError, export_head_graph, load_head
-    from .onnx_export import ExportError, load_hf
-
     model = load_hf(target_dir).float()
     version = 3 if is_eagle3(eagle_dir) else 1
     try:

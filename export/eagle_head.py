@@ -1,4 +1,5 @@
-"""The EAGLE head (EAGLE-1 style): the torch module, its files, and its ONNX graph.
+"""The EAGLE head (EAGLE-1 style): the torch module, its files, and its ONNX graph (its config and
+error: eagle_config.py; its Llama layer: eagle_layers.py; SafeAILab's head dirs: eagle_upstream.py).
 
 EAGLE autoregresses at the feature level. Its features are the target's ``hidden`` output (the
 last hidden state after the final norm, the vector the target's LM head reads; exported by
@@ -34,139 +35,20 @@ Head graph (``eagle.onnx``), the decoders' time-major contract (export/wrapper.p
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .eagle_config import FORMAT, EagleConfig, EagleError
+from .eagle_layers import DecoderLayer
+from .eagle_upstream import is_upstream_eagle, read_upstream_config, read_upstream_state
 from .head_files import read_head_dir, write_head_dir
 
-FORMAT = "specrt-eagle-head"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |ORT - torch| on logits and features at export, per dtype
 INPUTS = ["input_ids", "hidden", "position_ids", "attention_mask", "past_key.0", "past_value.0"]
 OUTPUTS = ["logits", "new_key.0", "new_value.0", "next_hidden"]
-
-
-class EagleError(ValueError):
-    """A head dir is missing, corrupt, or was trained for a different target."""
-
-
-@dataclass(frozen=True)
-class EagleConfig:
-    hidden_size: int  # H: the target's hidden size (feature width)
-    vocab_size: int  # V: the target's vocabulary
-    num_heads: int = 4  # attention heads of the head's decoder layer
-    num_kv_heads: int = 4  # key/value heads (GQA when < num_heads)
-    intermediate_size: int = 0  # MLP width (0 = 2 * hidden_size; for_target copies the target's)
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    target_architecture: str = ""  # HF class of the target the head was trained on
-    target_vocab_sha256: str = ""  # hash of the target tokenizer's vocabulary ("" = unknown)
-    input_norm: bool = True  # the decoder layer norms its input (SafeAILab's EAGLE-1/2 layer 0 does not)
-    embed_first: bool = False  # fc reads [embed; feature] (SafeAILab's order) instead of [feature; embed]
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @classmethod
-    def for_target(cls, model, **over) -> "EagleConfig":
-        """The head shaped like one layer of ``model`` (a HF causal LM)."""
-        c = model.config.get_text_config()
-        h = int(c.hidden_size)
-        heads = int(getattr(c, "num_attention_heads", 0) or getattr(c, "n_head", 0) or 4)
-        kv = int(getattr(c, "num_key_value_heads", 0) or heads)
-        inter = int(getattr(c, "intermediate_size", 0) or getattr(c, "n_inner", 0) or 4 * h)
-        eps = float(getattr(c, "rms_norm_eps", 0) or 1e-6)
-        base = dict(hidden_size=h, vocab_size=int(model.get_output_embeddings().weight.shape[0]), num_heads=heads,
-                    num_kv_heads=kv, intermediate_size=inter, rms_norm_eps=eps,
-                    target_architecture=type(model).__name__)
-        return cls(**{**base, **over})
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, n: int, eps: float):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x):
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
-
-def _rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((-b, a), dim=-1)
-
-
-class Attention(torch.nn.Module):
-    """Llama self-attention (parameter names as HF's LlamaAttention) over a time-major past."""
-
-    def __init__(self, cfg: EagleConfig, width_in: int = 0):
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        w = width_in or h  # q/k/v input width (EAGLE-3's layer reads [embedding ; feature]: 2H)
-        self.nh, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = torch.nn.Linear(w, self.nh * d, bias=False)
-        self.k_proj = torch.nn.Linear(w, self.nkv * d, bias=False)
-        self.v_proj = torch.nn.Linear(w, self.nkv * d, bias=False)
-        self.o_proj = torch.nn.Linear(self.nh * d, h, bias=False)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))  # [D/2]
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def forward(self, x, position_ids, mask, past_k, past_v):
-        b, q, _ = x.shape
-        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, Q, D/2]
-        emb = torch.cat((freqs, freqs), -1)[:, :, None]  # [B, Q, 1, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        qs = self.q_proj(x).view(b, q, self.nh, self.d)
-        ks = self.k_proj(x).view(b, q, self.nkv, self.d)
-        vs = self.v_proj(x).view(b, q, self.nkv, self.d)
-        qs = qs * cos + _rotate_half(qs) * sin
-        ks = ks * cos + _rotate_half(ks) * sin
-        new_k, new_v = ks.permute(1, 0, 2, 3), vs.permute(1, 0, 2, 3)  # [Q, B, Hkv, D]
-        keys = torch.cat((past_k, new_k), 0).permute(1, 2, 0, 3)  # [B, Hkv, P+Q, D]
-        vals = torch.cat((past_v, new_v), 0).permute(1, 2, 0, 3)
-        if self.nh != self.nkv:
-            keys = keys.repeat_interleave(self.nh // self.nkv, dim=1)  # [B, Hq, P+Q, D]
-            vals = vals.repeat_interleave(self.nh // self.nkv, dim=1)
-        scores = qs.transpose(1, 2) @ keys.transpose(-1, -2) / math.sqrt(self.d) + mask  # [B, Hq, Q, P+Q]
-        att = torch.softmax(scores.float(), -1).to(x.dtype) @ vals  # [B, Hq, Q, D]
-        return self.o_proj(att.transpose(1, 2).reshape(b, q, self.nh * self.d)), new_k, new_v
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, cfg: EagleConfig):
-        super().__init__()
-        h, i = cfg.hidden_size, cfg.intermediate_size or 2 * cfg.hidden_size
-        self.gate_proj = torch.nn.Linear(h, i, bias=False)
-        self.up_proj = torch.nn.Linear(h, i, bias=False)
-        self.down_proj = torch.nn.Linear(i, h, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(torch.nn.Module):
-    """One Llama decoder layer (pre-norm attention + gated MLP, HF parameter names)."""
-
-    def __init__(self, cfg: EagleConfig):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.input_norm else None
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x, position_ids, mask, past_k, past_v):
-        normed = x if self.input_layernorm is None else self.input_layernorm(x)
-        a, new_k, new_v = self.self_attn(normed, position_ids, mask, past_k, past_v)
-        x = x + a
-        return x + self.mlp(self.post_attention_layernorm(x)), new_k, new_v
 
 
 class EagleHead(torch.nn.Module):
@@ -223,8 +105,6 @@ def save_head(head: EagleHead, out: str | Path, extra: dict | None = None, dtype
 
 def read_head_config(head_dir: str | Path) -> tuple[EagleConfig, dict]:
     """specrt's head dir, or an EAGLE-1/2 head as SafeAILab/EAGLE writes it (export/eagle_upstream.py)."""
-    from .eagle_upstream import is_upstream_eagle, read_upstream_config
-
     if is_upstream_eagle(head_dir):
         return read_upstream_config(head_dir)
     return read_head_dir(head_dir, FORMAT, EagleConfig, EagleError, "an EAGLE head", "head", "specrt train eagle")
@@ -243,8 +123,6 @@ def check_head_match(cfg: EagleConfig, hidden_size: int, vocab_size: int, vocab_
 def load_head(head_dir: str | Path, target_model, dtype=torch.float32) -> tuple[EagleHead, dict]:
     """(head in eval mode with the target's embedding and LM head attached, raw config dict)."""
     from safetensors.torch import load_file
-
-    from .eagle_upstream import is_upstream_eagle, read_upstream_state
 
     cfg, raw = read_head_config(head_dir)
     emb = target_model.get_output_embeddings().weight

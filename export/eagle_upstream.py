@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .eagle3_upstream import upstream_kind
+from .eagle_config import EagleConfig, EagleError
+
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 LAYER_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
               "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
@@ -30,16 +33,12 @@ def _config(head_dir) -> dict | None:
 
 def is_upstream_eagle(head_dir) -> bool:
     """A SafeAILab head dir: a Llama-style config (not specrt's format) beside one of their weight files."""
-    from .eagle3_upstream import upstream_kind
-
     raw = _config(head_dir)
     return (raw is not None and raw.get("format") is None and "hidden_size" in raw
             and any((Path(head_dir) / f).is_file() for f in WEIGHT_FILES) and upstream_kind(head_dir) is None)
 
 
 def read_upstream_config(head_dir):
-    from .eagle_head import EagleConfig, EagleError
-
     raw = _config(head_dir)
     if int(raw.get("num_hidden_layers", 1)) != 1:
         raise EagleError(f"{head_dir}: {raw['num_hidden_layers']} draft layers; specrt's EAGLE head has one")
@@ -54,8 +53,6 @@ def read_upstream_config(head_dir):
 def read_upstream_state(head_dir) -> dict:
     """Their weights under specrt's names (``fc.*``, ``layer.*``)."""
     import torch
-
-    from .eagle_head import EagleError
 
     d = Path(head_dir)
     if (d / WEIGHT_FILES[0]).is_file():

@@ -1,4 +1,5 @@
-"""Medusa heads (Medusa-1 style): the torch module, its files, and its ONNX graph.
+"""Medusa heads (Medusa-1 style): the torch module, its files, and its ONNX graph (its config and error:
+medusa_config.py; FasterDecoding's heads dirs: medusa_upstream.py).
 
 Head k (k = 1..K) reads the target's last hidden state h_t (after the final norm) at position t,
 whose own LM head predicts token t+1, and predicts token t+1+k:
@@ -21,30 +22,17 @@ Heads graph (`medusa.onnx` in an engine dir):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .head_files import read_head_dir, write_head_dir
+from .medusa_config import FORMAT, HeadsConfig, HeadsError
+from .medusa_upstream import is_upstream_medusa, read_upstream_config, read_upstream_state
 
-FORMAT = "specrt-medusa-heads"
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |ORT - torch| on head logits at export, per dtype
-
-
-class HeadsError(ValueError):
-    """A heads dir is missing, corrupt, or was trained for a different target."""
-
-
-@dataclass(frozen=True)
-class HeadsConfig:
-    num_heads: int  # K: head k predicts the token k+1 positions after the hidden state's position
-    num_layers: int  # residual blocks per head
-    hidden_size: int  # H: the target's hidden size
-    vocab_size: int  # V: the target's vocabulary size
-    target_architecture: str = ""  # HF class of the target the heads were trained on
-    target_vocab_sha256: str = ""  # hash of the target tokenizer's vocabulary ("" = unknown)
 
 
 class ResBlock(torch.nn.Module):
@@ -92,8 +80,6 @@ def save_heads(heads: MedusaHeads, out: str | Path, extra: dict | None = None, d
 
 def read_heads_config(heads_dir: str | Path) -> tuple[HeadsConfig, dict]:
     """specrt's heads dir, or a Medusa-1 checkpoint as FasterDecoding/Medusa writes it (export/medusa_upstream.py)."""
-    from .medusa_upstream import is_upstream_medusa, read_upstream_config
-
     if is_upstream_medusa(heads_dir):
         return read_upstream_config(heads_dir)
     return read_head_dir(heads_dir, FORMAT, HeadsConfig, HeadsError, "a Medusa heads", "heads", "specrt train medusa")
@@ -102,8 +88,6 @@ def read_heads_config(heads_dir: str | Path) -> tuple[HeadsConfig, dict]:
 def load_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads, dict]:
     """(heads module in eval mode, raw config dict); either format of ``read_heads_config``."""
     from safetensors.torch import load_file
-
-    from .medusa_upstream import is_upstream_medusa, load_upstream_heads
 
     if is_upstream_medusa(heads_dir):
         return load_upstream_heads(heads_dir, dtype)
@@ -114,6 +98,18 @@ def load_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads,
     if missing or unexpected:
         raise HeadsError(f"{heads_dir}: weights do not match config.json (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
+    return heads.to(dtype).eval(), raw
+
+
+def load_upstream_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads, dict]:
+    """specrt heads holding a FasterDecoding checkpoint's weights (eval mode), and its raw config."""
+    cfg, raw = read_upstream_config(heads_dir)
+    state = read_upstream_state(heads_dir, cfg)
+    heads = MedusaHeads(cfg)
+    try:
+        heads.load_state_dict({n: t.float() for n, t in state.items()})
+    except (RuntimeError, KeyError) as e:
+        raise HeadsError(f"{heads_dir}: weights do not match medusa_num_heads/medusa_num_layers ({e})") from None
     return heads.to(dtype).eval(), raw
 
 

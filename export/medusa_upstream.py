@@ -1,4 +1,5 @@
-"""Medusa-1 heads as FasterDecoding/Medusa writes them, read into specrt's ``MedusaHeads``.
+"""Medusa-1 heads as FasterDecoding/Medusa writes them: their config and weights under specrt's names
+(medusa_heads.load_heads builds a ``MedusaHeads`` of them).
 
 Their heads dir: ``config.json`` with ``medusa_num_heads``, ``medusa_num_layers`` and
 ``base_model_name_or_path``, and ``medusa_lm_head.pt`` (or ``.safetensors``): the state dict of
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .medusa_heads import HeadsConfig, HeadsError, MedusaHeads
+from .medusa_config import HeadsConfig, HeadsError
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 
@@ -50,9 +51,8 @@ def read_state(d: Path) -> dict:
     return torch.load(d / WEIGHT_FILES[1], map_location="cpu", weights_only=True)
 
 
-def load_upstream_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[MedusaHeads, dict]:
-    """specrt heads holding a FasterDecoding checkpoint's weights (eval mode), and its raw config."""
-    cfg, raw = read_upstream_config(heads_dir)
+def read_upstream_state(heads_dir: str | Path, cfg: HeadsConfig) -> dict:
+    """Their weights under ``MedusaHeads``' names (``blocks.{k}.{j}.linear.*``, ``lm_heads.{k}.weight``)."""
     state = read_state(Path(heads_dir))
     mapped = {}
     for k in range(cfg.num_heads):
@@ -60,12 +60,7 @@ def load_upstream_heads(heads_dir: str | Path, dtype=torch.float32) -> tuple[Med
             for p in ("weight", "bias"):
                 mapped[f"blocks.{k}.{j}.linear.{p}"] = state[f"{k}.{j}.linear.{p}"]
         mapped[f"lm_heads.{k}.weight"] = state[f"{k}.{cfg.num_layers}.weight"]
-    heads = MedusaHeads(cfg)
-    try:
-        heads.load_state_dict({n: t.float() for n, t in mapped.items()})
-    except (RuntimeError, KeyError) as e:
-        raise HeadsError(f"{heads_dir}: weights do not match medusa_num_heads/medusa_num_layers ({e})") from None
-    return heads.to(dtype).eval(), raw
+    return mapped
 
 
 def base_model_of(heads_dir: str | Path) -> str | None:

@@ -3,11 +3,13 @@
 Every exported graph is run in ONNX Runtime against PyTorch on random inputs for each fixed
 shape (decode, chain verify, prefill, and a tree mask); the export fails if the largest
 absolute logits difference exceeds the tolerance for its dtype (``TOLERANCE``).
+
+``export_engine`` is the driver: the checks, then the target (and draft) graphs made here, the heads'
+graphs (export/medusa_export.py, export/eagle_export.py) and the manifest, all written atomically.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -22,19 +24,18 @@ import torch
 
 from .. import __version__
 from ..contract import io_names
-from ..engines.manifest import FORMAT, SCHEMA_VERSION, check_vocab, load_manifest
+from ..engines.manifest import FORMAT, SCHEMA_VERSION, load_manifest
 from ..engines.ort import OrtEngine
-from .medusa_heads import export_heads_graph
 from ..engines.wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
+from .eagle_export import check_eagle_tree, eagle_target_config, export_eagle
+from .errors import ExportError
+from .hf_checkpoint import (TORCH_DTYPES, check_checkpoint_architecture, check_draft_vocab, copy_tokenizer, eos_ids,
+                            load_hf, vocab_sha256)
+from .medusa_export import check_medusa, export_medusa, medusa_target_config
 
 # Max |logits_ort - logits_torch| allowed at export, per dtype (logits of trained models are O(10)).
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 EXTERNAL_DATA_BYTES = 1 << 30  # models above 1 GiB store weights as external data (protobuf limit is 2 GiB)
-
-
-class ExportError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -54,24 +55,6 @@ class ExportConfig:
     quantize: str | None = None  # MatMul weights: None (as dtype) | "int8" | "int4" (export/quantize.py)
     draft_quantize: str | None = "same"  # the draft's quantization: "same" (as quantize) | None | "int8" | "int4"
 
-
-def load_hf(model_dir: str | Path, dtype: str = "fp32"):
-    """Load a local HF causal LM (never the hub)."""
-    from transformers import AutoModelForCausalLM
-
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise ExportError(f"{model_dir} is not a Hugging Face model dir (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype], local_files_only=True)
-    return model.eval()
-
-
-def vocab_sha256(tokenizer_json: Path) -> str:
-    """Hash of the token -> id map (added tokens included), independent of other tokenizer settings."""
-    tok = json.loads(tokenizer_json.read_text())
-    vocab = dict(tok["model"]["vocab"])
-    vocab.update({a["content"]: a["id"] for a in tok.get("added_tokens", [])})
-    return hashlib.sha256(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1])).encode()).hexdigest()
 
 
 def random_feeds(geo, dtype, past_len: int, q: int, mask: torch.Tensor | None = None, seed: int = 0):
@@ -260,13 +243,6 @@ def io_specs(geo, layout: str, dtype: str, with_hidden: bool, aux_layers=None) -
     return in_specs, out_specs
 
 
-def eos_ids(model_dir: Path, model) -> list[int]:
-    ids = set()
-    for cfg in (model.config, getattr(model, "generation_config", None)):
-        e = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        ids.update([e] if isinstance(e, int) else (e or []))
-    return sorted(ids)
-
 
 def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None = None, log=print,
                   medusa_dir=None, tree=None, eagle_dir=None, eagle_tree: dict | None = None,
@@ -289,14 +265,7 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     (one tree-verify shape).
     """
     cfg = cfg or ExportConfig()
-    if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
-        raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
-                          f"dtype={cfg.dtype!r} (fp32|fp16)")
-    if cfg.graph not in ("auto", "fused", "traced"):
-        raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
-    if cfg.quantize not in (None, "int8", "int4") or cfg.draft_quantize not in ("same", None, "int8", "int4"):
-        raise ExportError(f"invalid export config: quantize={cfg.quantize!r}, draft_quantize={cfg.draft_quantize!r} "
-                          "(int8|int4|None; the draft's may also be 'same')")
+    check_config(cfg)
     target_dir, final = Path(target_dir), Path(out_dir)
     tok_src = target_dir / "tokenizer.json"
     if not tok_src.is_file():
@@ -315,6 +284,24 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     except BaseException:  # failed, or interrupted (KeyboardInterrupt): nothing half-written is left behind
         shutil.rmtree(out, ignore_errors=True)
         raise
+    _replace_dir(final, out)
+    return final
+
+
+def check_config(cfg: ExportConfig) -> None:
+    """ExportError for a value of ``cfg`` no export can build."""
+    if cfg.gamma < 1 or cfg.max_len < 2 or cfg.dtype not in TORCH_DTYPES:
+        raise ExportError(f"invalid export config: gamma={cfg.gamma} (>=1), max_len={cfg.max_len} (>=2), "
+                          f"dtype={cfg.dtype!r} (fp32|fp16)")
+    if cfg.graph not in ("auto", "fused", "traced"):
+        raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
+    if cfg.quantize not in (None, "int8", "int4") or cfg.draft_quantize not in ("same", None, "int8", "int4"):
+        raise ExportError(f"invalid export config: quantize={cfg.quantize!r}, draft_quantize={cfg.draft_quantize!r} "
+                          "(int8|int4|None; the draft's may also be 'same')")
+
+
+def _replace_dir(final: Path, out: Path) -> None:
+    """Move the finished engine dir ``out`` to ``final``, replacing what is there whole."""
     if final.exists():
         old = final.parent / f".{final.name}.old-{os.getpid()}"
         final.rename(old)
@@ -322,7 +309,6 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         shutil.rmtree(old, ignore_errors=True)
     else:
         out.rename(final)
-    return final
 
 
 @contextlib.contextmanager
@@ -346,91 +332,97 @@ def quiet(verbose: bool):
             hf_logging.enable_progress_bar()
 
 
-def check_checkpoint_architecture(model_dir: Path) -> None:
-    """Refuse an unsupported architecture from the checkpoint's config.json, before loading any weights."""
-    from ..engines.wrapper import check_architecture_name
+@dataclass(frozen=True)
+class _Heads:
+    """The heads exported beside the target, checked before any graph: Medusa's or EAGLE's (or none)."""
 
-    config = model_dir / "config.json"
-    if not config.is_file():
-        raise ExportError(f"{model_dir} is not a Hugging Face model dir (no config.json)")
-    for arch in json.loads(config.read_text()).get("architectures") or []:
-        check_architecture_name(arch)
+    medusa_dir: object = None
+    tree: object = None  # Medusa's compiled tree
+    heads_cfg: object = None  # Medusa's HeadsConfig
+    eagle_dir: object = None
+    eagle_tree: dict | None = None  # EAGLE's dynamic tree budget {"nodes", "depth", "topk"}
+
+    def target_config(self, model, target_vocab: str, target_dir: Path, cfg: ExportConfig) -> ExportConfig:
+        """The target's ExportConfig with what the heads read (hidden, aux_hidden, the tree-verify parity case)."""
+        if self.heads_cfg:
+            return medusa_target_config(self.medusa_dir, self.heads_cfg, self.tree, model, target_vocab, target_dir, cfg)
+        if self.eagle_dir:
+            return eagle_target_config(self.eagle_dir, self.eagle_tree, model, target_vocab, target_dir, cfg)
+        return cfg
+
+    def tree_verify_size(self) -> int | None:
+        """The target's tree-verify shape Q, None without heads."""
+        if self.heads_cfg:
+            return self.tree.size
+        if self.eagle_dir:
+            return self.eagle_tree["nodes"]
+        return None
 
 
-def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:
-    """A draft must score the same token ids as the target: the same vocabulary size and tokenizer."""
-    if not (draft_dir / "tokenizer.json").is_file():
-        raise ExportError(f"draft {draft_dir} has no tokenizer.json: cannot check it shares the target's vocabulary")
-    sizes = [json.loads((d / "config.json").read_text()).get("vocab_size") if (d / "config.json").is_file() else None
-             for d in (target_dir, draft_dir)]
-    check_vocab(*sizes, vocab_sha256(target_dir / "tokenizer.json"), vocab_sha256(draft_dir / "tokenizer.json"))
+def check_heads(medusa_dir, tree, eagle_dir, eagle_tree) -> _Heads:
+    """The heads options, checked before any graph is exported (Medusa and EAGLE share the tree-verify shape)."""
+    if eagle_dir and medusa_dir:
+        raise ExportError("export either --medusa or --eagle, not both (they share the tree-verify shape)")
+    heads_cfg = check_medusa(medusa_dir, tree) if medusa_dir else None
+    if eagle_dir:
+        eagle_tree = check_eagle_tree(eagle_tree)
+    return _Heads(medusa_dir, tree, heads_cfg, eagle_dir, eagle_tree)
 
 
 def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: ExportConfig, log, medusa_dir, tree,
                  eagle_dir, eagle_tree) -> None:
-    """The export itself, into the (new, empty) dir ``out``."""
-    (out / "tokenizer").mkdir(exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (target_dir / name).is_file():
-            shutil.copy(target_dir / name, out / "tokenizer" / name)
+    """The export itself, into the (new, empty) dir ``out``: tokenizer, model graphs, heads graphs, manifest."""
+    copy_tokenizer(target_dir, out / "tokenizer")
     target_vocab = vocab_sha256(tok_src)
-    if eagle_dir and medusa_dir:
-        raise ExportError("export either --medusa or --eagle, not both (they share the tree-verify shape)")
-    heads_cfg = _check_medusa(medusa_dir, tree) if medusa_dir else None
-    if eagle_dir:
-        from .eagle_export import check_eagle_tree, export_eagle
-
-        eagle_tree = check_eagle_tree(eagle_tree)
-    models, eos = {}, []
+    heads = check_heads(medusa_dir, tree, eagle_dir, eagle_tree)
     roles = [("target", target_dir)] + ([("draft", Path(draft_dir))] if draft_dir else [])
-    for role, src in roles:
-        model = load_hf(src, cfg.dtype)
-        vocab = target_vocab
-        if role == "draft":  # (its vocabulary was checked against the target's before any export)
-            vocab = vocab_sha256(src / "tokenizer.json")
-        role_cfg = cfg
-        if role == "draft" and cfg.draft_quantize != "same":
-            role_cfg = replace(cfg, quantize=cfg.draft_quantize)
-        if role == "target" and heads_cfg:
-            from .medusa_heads import HeadsError, check_heads_match
+    exported = {role: export_model(role, src, out, cfg, heads, target_vocab, log) for role, src in roles}
+    models = {role: entry for role, (entry, _) in exported.items()}
+    eos = exported["target"][1]
+    medusa = export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
+    eagle = export_eagle(eagle_dir, heads.eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None
+    write_manifest(out, cfg, target_vocab, eos, models, medusa, eagle)
 
-            from .medusa_upstream import base_model_of
 
-            geo = geometry(model)
-            base = base_model_of(medusa_dir)
-            try:
-                check_heads_match(heads_cfg, geo.hidden_size, geo.vocab_size, target_vocab,
-                                  where=f"heads {medusa_dir}" + (f" (base model {base})" if base else ""))
-            except HeadsError as e:
-                raise ExportError(f"{e} (target {target_dir})") from None
-            role_cfg = replace(cfg, with_hidden=True, tree_mask=tree.mask)
-        if role == "target" and eagle_dir:
-            from .eagle_export import eagle_target_config
+def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Heads, target_vocab: str,
+                 log) -> tuple[dict, list[int]]:
+    """Load one checkpoint and export it as ``<role>.onnx``: (its manifest entry ``models.<role>``, its eos ids)."""
+    model = load_hf(src, cfg.dtype)
+    vocab = target_vocab
+    if role == "draft":  # (its vocabulary was checked against the target's before any export)
+        vocab = vocab_sha256(src / "tokenizer.json")
+    role_cfg = cfg
+    if role == "draft" and cfg.draft_quantize != "same":
+        role_cfg = replace(cfg, quantize=cfg.draft_quantize)
+    if role == "target":
+        role_cfg = heads.target_config(model, target_vocab, src, cfg)
+    log(f"exporting {role} {type(model).__name__} from {src} ...")
+    entry = export_graph(model, out / f"{role}.onnx", role_cfg)
+    if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
+        model.save_pretrained(out / "torch" / role)
+        entry["torch_weights"] = f"torch/{role}"
+    shapes = {"decode": 1, "prefill": cfg.prefill_chunk}
+    if role == "target":
+        shapes["verify"] = cfg.gamma + 1
+        if heads.tree_verify_size() is not None:
+            shapes["tree_verify"] = heads.tree_verify_size()
+    log_graph_summary(log, role, entry)
+    return {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}, eos_ids(src, model)
 
-            role_cfg = eagle_target_config(eagle_dir, eagle_tree, model, target_vocab, target_dir, cfg)
-        log(f"exporting {role} {type(model).__name__} from {src} ...")
-        entry = export_graph(model, out / f"{role}.onnx", role_cfg)
-        if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
-            model.save_pretrained(out / "torch" / role)
-            entry["torch_weights"] = f"torch/{role}"
-        shapes = {"decode": 1, "prefill": cfg.prefill_chunk}
-        if role == "target":
-            shapes["verify"] = cfg.gamma + 1
-            eos = eos_ids(src, model)
-            if heads_cfg:
-                shapes["tree_verify"] = tree.size
-            if eagle_dir:
-                shapes["tree_verify"] = eagle_tree["nodes"]
-        models[role] = {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}
-        p = entry["parity_max_abs_diff"]
-        graph = ("fused" if entry["kv_layout"] == "in_place" else "traced") + (
-            f", {entry['quantize']}" if entry["quantize"] else "")
-        log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, {graph} graph, exported in {entry['export_seconds']} s; "
-            "max |ORT - torch" + (" fp32" if entry["quantize"] else "") + "| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
-            f" (tolerance {entry['tolerance']:.0e})")
-        del model
-    medusa = _export_medusa(medusa_dir, tree, out, cfg, log) if medusa_dir else None
-    eagle = export_eagle(eagle_dir, eagle_tree, target_dir, target_vocab, out, cfg, log) if eagle_dir else None
+
+def log_graph_summary(log, role: str, entry: dict) -> None:
+    """One line: the graph's size and kind, its export time, and its parity per shape."""
+    p = entry["parity_max_abs_diff"]
+    graph = ("fused" if entry["kv_layout"] == "in_place" else "traced") + (
+        f", {entry['quantize']}" if entry["quantize"] else "")
+    log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, {graph} graph, exported in {entry['export_seconds']} s; "
+        "max |ORT - torch" + (" fp32" if entry["quantize"] else "") + "| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
+        f" (tolerance {entry['tolerance']:.0e})")
+
+
+def write_manifest(out: Path, cfg: ExportConfig, target_vocab: str, eos: list[int], models: dict,
+                   medusa: dict | None, eagle: dict | None) -> None:
+    """Write ``out/manifest.json`` (docs/engine-format.md) and validate it by loading it."""
     manifest = {
         "format": FORMAT, "schema_version": SCHEMA_VERSION, "specrt_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -446,33 +438,3 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
         manifest["eagle"] = eagle
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     load_manifest(out)
-
-
-def _check_medusa(medusa_dir, tree):
-    """Fail before any export if the heads dir is unusable or too shallow for the tree."""
-    from .medusa_heads import HeadsError, read_heads_config
-
-    if tree is None:
-        raise ExportError("exporting Medusa heads needs a tree (--tree NAME|FILE)")
-    try:
-        heads_cfg, _ = read_heads_config(medusa_dir)
-    except HeadsError as e:
-        raise ExportError(str(e)) from None
-    if tree.depth > heads_cfg.num_heads:
-        raise ExportError(f"tree {tree.name!r} is {tree.depth} deep but {medusa_dir} has only "
-                          f"{heads_cfg.num_heads} heads (a depth-d node is a candidate of head d)")
-    return heads_cfg
-
-
-def _export_medusa(medusa_dir, tree, out: Path, cfg: ExportConfig, log) -> dict:
-    """Export the heads graph beside the target; returns the manifest's ``medusa`` section."""
-    from .medusa_heads import load_heads
-
-    heads, raw = load_heads(medusa_dir)
-    log(f"exporting medusa heads 1..{tree.depth} of {heads.cfg.num_heads} from {medusa_dir} (tree {tree.name!r}: "
-        f"{tree.size} nodes, depth {tree.depth}) ...")
-    # a depth-D tree reads heads 1..D only: the graph computes no more (each head is a V x H projection)
-    section = export_heads_graph(heads.first(tree.depth), out / "medusa.onnx", cfg.dtype, cfg.opset)
-    log(f"  medusa: {section['parameters'] / 1e6:.2f}M params; max |ORT - torch| {section['parity_max_abs_diff']:.1e}")
-    return {**section, "tree": tree.to_json(), "source": str(Path(medusa_dir).resolve()),
-            "trained_heads": heads.cfg.num_heads, "accuracy": raw.get("accuracy")}

@@ -12,7 +12,9 @@ import torch
 import specrt
 from specrt.contract import chain_mask
 from specrt.engines import OrtEngine
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, export_graph, load_hf
+from specrt.export.errors import ExportError
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, export_engine, export_graph
 from tiny import EAGLE_TREE, make_model
 
 V, DRAFT_V, LAYERS = 16, 11, 6

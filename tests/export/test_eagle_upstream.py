@@ -11,7 +11,9 @@ import torch
 import specrt
 from tiny import EAGLE_TREE, make_model
 from specrt.engines import OrtEngine
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
+from specrt.export.errors import ExportError
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, export_engine
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 
 LAYER = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",

@@ -10,7 +10,8 @@ from reference import fresh_runner
 from specrt.engines import OrtEngine
 from specrt.engines.manifest import load_manifest
 from specrt.export.fused_graph import run_in_place
-from specrt.export.onnx_export import ExportConfig, example_tree_mask, load_hf, random_feeds
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, example_tree_mask, random_feeds
 from specrt.engines.wrapper import DecoderWrapper, UnsupportedArchitecture, check_architecture, geometry
 
 TOL = 1e-4  # max |ORT - torch| on logits and K/V for these fp32 tiny models (logits scaled to O(10))
@@ -142,7 +143,8 @@ def _tiny_pair(tmp_path):
 
 def test_export_into_an_existing_engine_dir_needs_force(tmp_path):
     from specrt.engines.manifest import load_manifest
-    from specrt.export.onnx_export import ExportError, export_engine
+    from specrt.export.errors import ExportError
+    from specrt.export.onnx_export import export_engine
 
     t, cfg = _tiny_pair(tmp_path)
     out = export_engine(t, tmp_path / "e", cfg=cfg, log=lambda *_: None)
@@ -266,7 +268,8 @@ def test_sliding_window_on_some_layers_only_is_refused(tmp_path):
     import transformers as tf
 
     from tiny import make_tokenizer
-    from specrt.export.onnx_export import ExportError, export_engine
+    from specrt.export.errors import ExportError
+    from specrt.export.onnx_export import export_engine
 
     cfg = tf.Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
@@ -292,7 +295,7 @@ def test_sliding_window_rows_of_a_batch_equal_batch_one(tmp_path):
                                    cfg=ExportConfig(max_len=64, prefill_chunk=16)))
     prompts = [((np.arange(n) * 5 + 2) % 31 + 1).tolist() for n in (3, 11, 20, 30)]
     for method in ("none", "draft"):
-        core = DecodeCore(rt, CoreConfig(max_batch=3, method=method, gamma=3 if method == "draft" else None))
+        core = rt.new_core(CoreConfig(max_batch=3, method=method, gamma=3 if method == "draft" else None))
         done = run_all(core, requests_for((p, SamplingParams(max_new_tokens=14)) for p in prompts))
         for i, p in enumerate(prompts):
             assert done[f"r{i}"][0] == rt.generate(p, max_new_tokens=14, method="none").token_ids, (method, i)

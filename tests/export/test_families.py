@@ -7,7 +7,8 @@ import torch
 
 import specrt
 from reference import fresh_runner
-from specrt.export.onnx_export import ExportConfig, example_tree_mask, export_engine, load_hf
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, example_tree_mask, export_engine
 from specrt.runtime.api import Runtime
 
 LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

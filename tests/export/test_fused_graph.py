@@ -9,7 +9,9 @@ import torch
 import specrt
 from tiny import make_model
 from specrt.engines.manifest import load_manifest
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
+from specrt.export.errors import ExportError
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, export_engine
 
 FUSED = dict(arch="llama", hidden=64, scale=20.0)  # head_dim 16: GroupQueryAttention's smallest
 

@@ -11,7 +11,9 @@ import specrt
 from tiny import MEDUSA_TREE, make_model
 from specrt.engines import OrtEngine
 from specrt.export.medusa_heads import load_heads
-from specrt.export.onnx_export import ExportConfig, ExportError, export_engine, load_hf
+from specrt.export.errors import ExportError
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, export_engine
 from specrt.trees import compile_tree
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 

@@ -50,7 +50,7 @@ def depth_accuracy(heads: dict, k: int = 5, windows: int = 32, seq: int = 256) -
 
     from ...export.eagle3_head import is_eagle3, load_head3
     from ...export.eagle_head import load_head
-    from ...export.onnx_export import load_hf
+    from ...export.hf_checkpoint import load_hf
     from ..train.demo import split_corpus
     from ..train.eagle3 import unroll
 

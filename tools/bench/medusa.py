@@ -97,8 +97,9 @@ def measure_fusion(engines: dict, target_dir: Path = DEMO / "target", heads_dir:
     from ...contract import io_names
     from ...engines.manifest import load_manifest
     from ...engines.ort import OrtEngine
+    from ...export.hf_checkpoint import load_hf
     from ...export.medusa_heads import load_heads
-    from ...export.onnx_export import load_hf, random_feeds
+    from ...export.onnx_export import random_feeds
     from ...engines.wrapper import DecoderWrapper, geometry
 
     class Fused(torch.nn.Module):

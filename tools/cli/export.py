@@ -51,7 +51,8 @@ def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, qua
 
     The engine dir appears at --out only when every graph passed its parity check."""
     try:
-        from ...export.onnx_export import ExportConfig, ExportError, export_engine
+        from ...export.errors import ExportError
+        from ...export.onnx_export import ExportConfig, export_engine
         from ...engines.wrapper import UnsupportedArchitecture
     except ImportError as e:
         raise click.ClickException(f"exporting needs torch, transformers and onnx: pip install 'specrt[export]' ({e})")

@@ -97,8 +97,9 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     """Train (or resume) and write ``out``; returns the result record (also in out/training.json)."""
     import torch
 
-    from ...export.eagle_head import EagleConfig, EagleHead, save_head
-    from ...export.onnx_export import vocab_sha256
+    from ...export.eagle_config import EagleConfig
+    from ...export.eagle_head import EagleHead, save_head
+    from ...export.hf_checkpoint import vocab_sha256
 
     target_dir, out = Path(target_dir), Path(out)
     check_out_dir(out, resume, force)

@@ -166,7 +166,8 @@ def deep_rows(rng: np.random.Generator, cfg: Eagle3TrainConfig):
 
 def new_head(model, cfg: Eagle3TrainConfig, train_ids, vocab_sha: str):
     """The head to train: the target's default layers, its draft vocabulary, lm_head and norm from the target."""
-    from ...export.eagle3_head import Eagle3Config, Eagle3Head, draft_vocab_from_ids
+    from ...export.eagle3_head import Eagle3Head, draft_vocab_from_ids
+    from ...export.eagle_config import Eagle3Config
 
     vocab = int(model.get_output_embeddings().weight.shape[0])
     if not 0 <= cfg.draft_vocab <= vocab:
@@ -189,7 +190,7 @@ def train(target_dir, data, out, cfg: Eagle3TrainConfig, heldout=None, resume: b
     import torch
 
     from ...export.eagle3_head import save_head3
-    from ...export.onnx_export import vocab_sha256
+    from ...export.hf_checkpoint import vocab_sha256
 
     if cfg.ttt_steps < 1:
         raise TrainError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")

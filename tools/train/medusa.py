@@ -64,7 +64,7 @@ def prepare(target_dir: Path, data, heldout, cfg, log) -> TrainingSetup:
     import torch
     from tokenizers import Tokenizer
 
-    from ...export.onnx_export import load_hf
+    from ...export.hf_checkpoint import load_hf
 
     if not (target_dir / "tokenizer.json").is_file():
         raise TrainError(f"{target_dir} has no tokenizer.json")
@@ -302,8 +302,9 @@ def train(target_dir, data, out, cfg: TrainConfig, heldout=None, resume: bool = 
     """
     import torch
 
-    from ...export.medusa_heads import HeadsConfig, MedusaHeads, save_heads
-    from ...export.onnx_export import vocab_sha256
+    from ...export.hf_checkpoint import vocab_sha256
+    from ...export.medusa_config import HeadsConfig
+    from ...export.medusa_heads import MedusaHeads, save_heads
 
     target_dir, out = Path(target_dir), Path(out)
     check_out_dir(out, resume, force)
