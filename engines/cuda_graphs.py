@@ -18,6 +18,9 @@ on the device inside the captured region, so one ``CUDAGraph.replay()`` runs the
 Written against ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph`` as documented (warm-up on a side
 stream, capture, replay). On CPU (or with ``cuda_graphs=False``) the same step runs eagerly on
 the same static buffers, which is what the CPU tests check.
+
+This module runs graphs and nothing else: the one decode loop over a ``DeviceModel`` is the
+runtime's decode core, through ``runtime/device.py``'s ``DeviceRunner`` (``load_device_runtime``).
 """
 from __future__ import annotations
 
@@ -244,76 +247,6 @@ class DeviceModel:
     def drop_shapes(self) -> None:
         """Free every static buffer and captured graph (memory comes back to torch's allocator)."""
         self.shapes.clear()
-
-
-# ---- decode loops that decide on the device -----------------------------------------------------
-
-
-def _prefill(dm: DeviceModel, ids, chunk: int):
-    logits = None
-    for i in range(0, len(ids), chunk):
-        logits = dm.forward(ids[i : i + chunk])
-    return logits[:, -1]  # [1, V] device
-
-
-def greedy_plain_device(target: DeviceModel, prompt, max_new: int, chunk: int = 128):
-    """Plain greedy decoding, argmax on the device: no host sync until the end. Returns token ids."""
-    torch = target.torch
-    target.reset()
-    cur = _prefill(target, list(prompt), chunk).argmax(-1, keepdim=True)  # [1, 1]
-    out = [cur]
-    for _ in range(max_new - 1):
-        cur = target.forward(cur)[:, -1].argmax(-1, keepdim=True)
-        out.append(cur)
-    return torch.cat(out, 1)[0].tolist()  # the one sync
-
-
-def greedy_speculative_device(target: DeviceModel, draft: DeviceModel, prompt, gamma: int, max_new: int,
-                              chunk: int = 128) -> tuple[list[int], dict]:
-    """Greedy speculative decoding with drafting, verification and acceptance on the device.
-
-    One host sync per round (the accepted count, to set the cache lengths); the output is
-    token-for-token plain greedy decoding of the target. Invariant: both caches hold the
-    sequence except its last token ``cur``; a draft that had all γ proposals accepted also lacks
-    the last proposal, which it runs next round together with ``cur`` (query length 2).
-    """
-    torch = target.torch
-    dev = target.device
-    target.reset()
-    draft.reset()
-    prompt = list(prompt)
-    cur = _prefill(target, prompt, chunk).argmax(-1, keepdim=True)  # [1, 1]
-    _prefill(draft, prompt, chunk)
-    out = torch.zeros(1, max_new + gamma + 1, dtype=torch.int64, device=dev)
-    out[:, :1] = cur
-    n_out, rounds, accepted_total = 1, 0, 0
-    pending = None  # [1, 1] last proposal the draft has not run yet
-    ar = torch.arange(gamma + 1, device=dev)
-    while n_out < max_new and target.length + gamma + 1 <= target.max_len and draft.length + gamma + 1 <= draft.max_len:
-        d_start, t_start = draft.length, target.length
-        x = cur if pending is None else torch.cat([pending, cur], 1)
-        props = []
-        for _ in range(gamma):
-            x = draft.forward(x)[:, -1].argmax(-1, keepdim=True)  # [1, 1]
-            props.append(x)
-        d = torch.cat(props, 1)  # [1, γ]
-        t = target.forward(torch.cat([cur, d], 1))[0].argmax(-1)  # [γ+1]
-        match = (d[0] == t[:gamma]).to(torch.int64)
-        n = match.cumprod(0).sum()  # accepted count, on the device
-        new = torch.where(ar < n, torch.cat([d[0], d[0, :1]]), t.gather(0, n.view(1)).expand(gamma + 1))
-        out[0, n_out : n_out + gamma + 1] = new
-        n_host = int(n)  # the one sync of the round
-        rounds += 1
-        accepted_total += n_host
-        n_out += n_host + 1
-        target.rollback(t_start + 1 + n_host)  # cur + accepted proposals
-        ran = (0 if pending is None else 1) + gamma  # draft tokens run this round: [pending], cur, d1..d(γ-1)
-        keep = (0 if pending is None else 1) + 1 + n_host
-        draft.rollback(d_start + min(keep, ran))
-        pending = d[:, gamma - 1 :] if n_host == gamma else None
-        cur = t[n_host].view(1, 1)
-    tokens = out[0, : min(n_out, max_new)].tolist()
-    return tokens, {"rounds": rounds, "accepted": accepted_total, "proposed": rounds * gamma}
 
 
 # ---- ONNX Runtime CUDA EP as a DeviceModel core ----------------------------------------------

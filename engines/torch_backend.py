@@ -10,10 +10,8 @@ Two ways to use it:
 * ``specrt.runtime.device.load_device_runtime(engine_dir, device="cuda")`` runs the decode core over
   ``cuda_graphs.DeviceModel``s (through ``DeviceRunner``s): the KV cache lives in device memory, inputs and outputs are
   static buffers, and one CUDA graph per fixed shape (query length x past bucket) is captured
-  and replayed. Each call still returns the logits to the host, because the runtime's
-  acceptance decision reads them (one synchronisation per model call);
-  ``cuda_graphs.greedy_speculative_device`` decides acceptance on the device instead and
-  synchronises once per round.
+  and replayed. Each call still returns the logits to the host, because the decode core's
+  acceptance decision reads them (one synchronisation per model call).
 
 torch and transformers are imported lazily: ``specrt.engines`` stays importable without them.
 """

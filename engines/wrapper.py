@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from ..contract import MASK_MIN
+from .. import contract
+from ..contract import MASK_MIN  # noqa: F401  (export/ imports it from here)
 from .manifest import ModelGeometry
 
 # HF architecture name -> family note. Every entry is checked by tests/export/test_export.py (the first four)
@@ -126,8 +127,7 @@ def geometry(model) -> ModelGeometry:
 
 
 def chain_mask(past_len: int, q: int, dtype=torch.float32) -> torch.Tensor:
-    """Additive causal mask [1, 1, q, past_len + q] for q new tokens after past_len cached ones."""
-    m = torch.full((q, past_len + q), MASK_MIN, dtype=dtype)
-    m[:, :past_len] = 0
-    m[:, past_len:] = torch.triu(torch.full((q, q), MASK_MIN, dtype=dtype), diagonal=1)
-    return m[None, None]
+    """``contract.chain_mask`` as a torch tensor of ``dtype``: additive causal mask [1, 1, q, past_len + q].
+
+    Built in float32 and cast (bfloat16 has no numpy dtype): the values 0 and MASK_MIN round the same way."""
+    return torch.from_numpy(contract.chain_mask(past_len, q)).to(dtype)

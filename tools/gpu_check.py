@@ -9,10 +9,11 @@ Measures and checks, then prints a short table last and writes everything as JSO
 2. Decode step latency (B=1, Q=1): eager vs CUDA-graph replay, device only and with the logits
    copied to the host (what the runtime's acceptance reads).
 3. The demo pair (tools/demo_models/{target,draft}, exported fp32 with torch weights): greedy
-   output on the GPU (device-resident runtime with CUDA graphs; the torch backend eager; the
-   on-device acceptance loop) equals ONNX Runtime on the CPU, token for token.
-4. Tokens/s on the demo pair with graphs on: plain vs speculative, acceptance on the host (the
-   runtime, one sync per model call) and on the device (one sync per round); and the tree methods
+   output on the GPU (device-resident runtime with CUDA graphs; the torch backend eager) equals
+   ONNX Runtime on the CPU, token for token, and the device runtime's greedy speculative output
+   (fixed gamma) equals its plain greedy output.
+4. Tokens/s on the demo pair with graphs on, through the device runtime's decode core
+   (``rt.generate``, one sync per model call): plain vs speculative (fixed and adaptive gamma); and the tree methods
    (the demo target with the demo Medusa heads and the demo EAGLE head, trees every round) through
    the decode core on the device runtime: greedy output equal to the CPU, tokens/s against plain.
 5. The exactness test of the core issue (tests/runtime/test_exactness.py) with every engine dir loaded
@@ -218,7 +219,6 @@ def first_diff(a, b) -> int | None:
 
 def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
     import specrt
-    from specrt.engines.cuda_graphs import greedy_plain_device, greedy_speculative_device
     from specrt.runtime.device import load_device_runtime
     from specrt.export.onnx_export import ExportConfig, export_engine
     from specrt.tools.prompts import CODE
@@ -242,31 +242,27 @@ def demo_pair(torch, device, smoke: bool, workdir: Path, log) -> dict:
     graphs = device.type == "cuda"
     gpu = load_device_runtime(engine, device=str(device), cuda_graphs=graphs)
     eager = specrt.load(engine, backend="torch", device=str(device))
-    eq: dict = {"runtime_graphs_draft": [], "runtime_graphs_plain": [], "torch_eager_draft": [], "device_loop": []}
-    cuts = []
+    eq: dict = {"runtime_graphs_draft": [], "runtime_graphs_plain": [], "torch_eager_draft": [],
+                "runtime_graphs_draft_vs_plain": []}
     for p in prompts:
         want_d = cpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids
         want_p = cpu.generate(p, max_new_tokens=new, method="none").token_ids
-        cuts.append(len(want_p))
-        got = {"runtime_graphs_draft": (gpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids, want_d),
-               "runtime_graphs_plain": (gpu.generate(p, max_new_tokens=new, method="none").token_ids, want_p),
-               "torch_eager_draft": (eager.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids, want_d)}
-        ids = gpu.encode(p)
-        loop, _ = greedy_speculative_device(gpu.target.engine, gpu.draft.engine, ids, gamma, new, chunk=64)
-        got["device_loop"] = (loop[: len(want_p)], want_p)  # the runtime stops at EOS; the loop does not
+        gpu_d = gpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids
+        gpu_p = gpu.generate(p, max_new_tokens=new, method="none").token_ids
+        eager_d = eager.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids
+        got = {"runtime_graphs_draft": (gpu_d, want_d), "runtime_graphs_plain": (gpu_p, want_p),
+               "torch_eager_draft": (eager_d, want_d),
+               "runtime_graphs_draft_vs_plain": (gpu_d, gpu_p)}  # speculative decoding = plain greedy of the target
         for k, (a, b) in got.items():
             eq[k].append({"equal": a == b, "first_diff": first_diff(a, b), "tokens": len(b)})
     equality = {k: {"equal": sum(r["equal"] for r in v), "of": len(v), "cases": v} for k, v in eq.items()}
-    log("[demo] GPU == CPU: " + ", ".join(f"{k} {v['equal']}/{v['of']}" for k, v in equality.items()))
-    # tokens/s with graphs on: warm-up (captures every shape), then timed runs
+    log("[demo] equal, token for token: " + ", ".join(f"{k} {v['equal']}/{v['of']}" for k, v in equality.items()))
+    # tokens/s with graphs on, through the device runtime: warm-up (captures every shape), then timed runs
     rates: dict = {}
     runs = {
-        "plain_host": lambda p: len(gpu.generate(p, max_new_tokens=new, method="none").token_ids),
-        "spec_host_gamma4": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids),
-        "spec_host_adaptive": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft").token_ids),
-        "plain_device": lambda p: len(greedy_plain_device(gpu.target.engine, gpu.encode(p), new, chunk=64)),
-        "spec_device_gamma4": lambda p: len(greedy_speculative_device(gpu.target.engine, gpu.draft.engine,
-                                                                      gpu.encode(p), gamma, new, chunk=64)[0]),
+        "plain": lambda p: len(gpu.generate(p, max_new_tokens=new, method="none").token_ids),
+        "spec_gamma4": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft", gamma=gamma).token_ids),
+        "spec_adaptive": lambda p: len(gpu.generate(p, max_new_tokens=new, method="draft").token_ids),
     }
     for name, fn in runs.items():
         fn(prompts[0])  # warm-up
@@ -376,7 +372,7 @@ def table(r: dict) -> str:
         lines.append(f"T(Q): {tq.get('error') or tq.get('skipped')}")
     demo = r.get("demo") or {}
     if "equality" in demo:
-        lines.append(f"demo pair greedy {r['env']['device']} == CPU (ORT): " + ", ".join(
+        lines.append(f"demo pair greedy, equal ({r['env']['device']} vs CPU ORT; draft vs plain): " + ", ".join(
             f"{k} {v['equal']}/{v['of']}" for k, v in demo["equality"].items()))
         lines.append(f"tokens/s demo pair ({r['env']['device']}, graphs {'on' if r['env']['device'] != 'cpu' else 'off'}): " + " | ".join(
             f"{k} {v:.0f}" for k, v in demo["tokens_per_s"].items()) +

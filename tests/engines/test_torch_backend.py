@@ -16,7 +16,7 @@ import pytest
 import specrt
 import specrt.runtime.api
 from specrt.engines import EngineError, OrtEngine, open_engine
-from specrt.engines.cuda_graphs import DeviceModel, default_buckets, greedy_plain_device, greedy_speculative_device
+from specrt.engines.cuda_graphs import DeviceModel, default_buckets
 from specrt.engines.manifest import load_manifest
 from specrt.engines.torch_backend import TorchCore, TorchEngine, find_weights
 from specrt.runtime.device import load_device_runtime
@@ -70,7 +70,15 @@ def engines(tmp_path_factory):
     res = CliRunner().invoke(cli, ["export", "--target", str(g), "--out", str(root / "gpt2"), "--gamma", str(GAMMA),
                                     "--max-len", str(MAX_LEN), "--prefill-chunk", str(CHUNK), "--torch-weights"])
     assert res.exit_code == 0, res.output
-    return {"llama": llama, "gpt2": root / "gpt2"}
+    return {"llama": llama, "gpt2": root / "gpt2", "llama_target_model": t}
+
+
+@pytest.fixture(scope="module")
+def twin_engine(engines, tmp_path_factory):
+    """The llama target exported as its own draft: greedy decoding accepts every proposal."""
+    t = engines["llama_target_model"]
+    return export_engine(t, tmp_path_factory.mktemp("twin") / "e", draft_dir=t, log=lambda *_: None,
+                         cfg=ExportConfig(gamma=GAMMA, max_len=MAX_LEN, prefill_chunk=CHUNK, torch_weights=True))
 
 
 def test_export_records_torch_weights(engines):
@@ -237,23 +245,24 @@ def test_device_model_tree_padding_and_compact(engines):
     assert dm.eager_calls == 4 and dm.replays == 0  # CPU: never a graph
 
 
-def test_device_greedy_loops_equal_runtime(engines):
-    """Acceptance on the device (one sync per round) reproduces plain greedy decoding of the target."""
+def test_device_speculative_equals_plain_greedy(engines, twin_engine):
+    """The device runtime's greedy speculative decoding (fixed γ) reproduces its plain greedy decoding and ORT's."""
     ort_rt = specrt.load(engines["llama"])
-    buckets = default_buckets(MAX_LEN, 16)
-    target, *_ = _device_model(engines, "target", buckets=buckets, pad=True)
-    draft, *_ = _device_model(engines, "draft", buckets=buckets, pad=True)
-    twin, *_ = _device_model(engines, "target", buckets=buckets, pad=True)  # a draft equal to the target
+    opts = dict(device="cpu", cuda_graphs=False, buckets=default_buckets(MAX_LEN, 16), pad=True)
+    runtimes = {"draft": load_device_runtime(engines["llama"], **opts),
+                "twin": load_device_runtime(twin_engine, **opts)}
     accepted = {}
     for prompt in PROMPTS:
-        want = _greedy(ort_rt, prompt, "none", n=16)
-        assert greedy_plain_device(target, prompt, 16, chunk=CHUNK) == want, prompt
-        for name, d in (("draft", draft), ("twin", twin)):
-            tokens, stats = greedy_speculative_device(target, d, prompt, GAMMA, 16, chunk=CHUNK)
-            assert tokens == want, (name, prompt)
-            assert stats["proposed"] == GAMMA * stats["rounds"] and 0 <= stats["accepted"] <= stats["proposed"]
+        want_plain, want_spec = _greedy(ort_rt, prompt, "none", n=16), _greedy(ort_rt, prompt, "draft", n=16)
+        for name, rt in runtimes.items():
+            assert _greedy(rt, prompt, "none", n=16) == want_plain, (name, prompt)
+            res = rt.generate(prompt, max_new_tokens=16, temperature=0.0, method="draft", gamma=GAMMA)
+            assert res.token_ids == want_plain == want_spec, (name, prompt)
+            stats = res.stats  # γ every round; the last rounds propose at most the tokens left
+            assert stats["gamma_history"] == [GAMMA] * stats["rounds"] and stats["proposed"] <= GAMMA * stats["rounds"]
+            assert 0 <= stats["accepted"] <= stats["proposed"]
             accepted.setdefault(name, []).append(stats["accepted"] / stats["proposed"])
-    assert min(accepted["twin"]) == 1.0  # every proposal accepted: the draft's pending-token path ran
+    assert min(accepted["twin"]) == 1.0  # every proposal accepted: the draft catches up on its last proposal
     assert max(accepted["draft"]) < 1.0  # rejections happened
 
 
