@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import io_names
+from ..contract import NP_DTYPES, io_names
 from ..engines import EngineError, open_engine
 from ..engines.manifest import GraphSpec, Manifest, load_manifest
-from .batch_policy import LatencyCurve
-from .core import CoreConfig, DecodeCore, SequenceRequest
+from .batch_policy import LatencyCurve, PolicyConfig, SpeculationPolicy
+from .core import CoreConfig, DecodeCore, Limits, SequenceRequest, StopRules, check_config, fixed_gamma
+from .in_place import InPlaceRunner
 from .methods import check_method, resolve_method
 from .runner import HostRunner
 from .sampling import SamplingError, SamplingParams
@@ -58,31 +59,29 @@ class GenerationOutput:
     token_ids: list  # generated token ids (an EOS or stop token included; prompt excluded)
     text: str  # decoded generated text, stop string excluded
     finish_reason: str  # "stop" (EOS, stop token or stop string) | "length" (max_new_tokens or cache full)
-    stats: dict = field(default_factory=dict)  # see README "Stats"
+    stats: dict = field(default_factory=dict)  # see docs/runtime.md "Stats"
     logprobs: list | None = None  # with logprobs=k: per generated token (logprob, ((id, logprob), ...) top k)
 
 
 class Generation:
-    """An in-progress generation: iterate it for ``StreamEvent``s; afterwards read
-    ``token_ids``, ``text``, ``finish_reason`` and ``stats``."""
+    """An in-progress generation: iterate it for ``StreamEvent``s; afterwards read ``token_ids``,
+    ``text``, ``finish_reason``, ``stats`` (and ``logprobs`` if asked), filled in as it runs."""
 
-    def __init__(self, events, holder: dict):
-        self._events = events
-        self._holder = holder
+    def __init__(self, logprobs: bool):
+        self.token_ids: list = []  # generated ids so far
+        self.text = ""  # generated text so far
+        self.finish_reason: str | None = None  # set once finished
+        self.stats: dict = {}  # set once finished
+        self.logprobs: list | None = [] if logprobs else None  # (logprob, top alternatives) per token
+        self.events = iter(())  # the StreamEvents (``Runtime.stream`` sets the generator that fills this in)
 
     def __iter__(self):
-        return self._events
-
-    def __getattr__(self, name):
-        if name in ("token_ids", "text", "finish_reason", "stats", "logprobs"):
-            return self._holder[name]
-        raise AttributeError(name)
+        return self.events
 
     def result(self) -> GenerationOutput:
-        for _ in self._events:
+        for _ in self.events:
             pass
-        h = self._holder
-        return GenerationOutput(h["token_ids"], h["text"], h["finish_reason"], h["stats"], h["logprobs"])
+        return GenerationOutput(self.token_ids, self.text, self.finish_reason, self.stats, self.logprobs)
 
 
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(float)": "float32", "tensor(float16)": "float16"}
@@ -187,7 +186,7 @@ class Runtime:
 
         if self.runner_factory is not None:
             return self.runner_factory(graph, max_batch, on_call), curve
-        return HostRunner.for_graph(graph.engine, graph.spec, self.manifest.max_len, max_batch, on_call), curve
+        return runner_for_graph(graph.engine, graph.spec, self.manifest.max_len, max_batch, on_call), curve
 
     def proposer(self, method: str, max_batch: int, draft=None):
         """The proposer of ``method`` for ``max_batch`` slots (draft: the draft's (runner, curve) pair)."""
@@ -200,29 +199,48 @@ class Runtime:
         if method == "ngram":
             from .proposers.ngram import NGramProposer
 
-            return NGramProposer(max_batch, max_gamma=self.gamma_max)
+            return NGramProposer(max_gamma=self.gamma_max)
         if method == "suffix":
             from .proposers.suffix import SuffixProposer
 
-            return SuffixProposer(max_batch, self.gamma_max)
+            return SuffixProposer(self.gamma_max)
         if method == "medusa":
             from .proposers.medusa import MedusaProposer
 
-            return MedusaProposer(self.medusa, self.manifest.medusa, self.tree, max_batch)
+            return MedusaProposer(self.medusa, self.manifest.medusa, self.tree)
         if method == "eagle":
             from .proposers.eagle import EagleProposer, head_runner
 
             spec, t = self.manifest.eagle, self.eagle_tree
             head = head_runner(self.eagle, spec, self.manifest.max_len, t, max_batch)
-            return EagleProposer(head, spec.hidden_size, spec.vocab_size, t["topk"], t["depth"], t["nodes"], self.eagle_fc)
+            return EagleProposer(head, t["topk"], t["depth"], t["nodes"], self.eagle_fc)
         return proposers.NoProposer()
 
     def check_method(self, method: str) -> None:
         check_method(self.manifest, method)
 
-    def new_core(self, config: CoreConfig) -> DecodeCore:
-        """A decode core of ``config.max_batch`` slots with runners of its own (what ``specrt serve`` runs)."""
-        return DecodeCore(self, config)
+    def new_core(self, config: CoreConfig, proposer=None, runners: dict | None = None) -> DecodeCore:
+        """A decode core of ``config.max_batch`` slots built from this engine dir's parts: the target's
+        runner, the method's proposer (``proposer`` replaces it: tests), the batch-aware policy, the
+        stop rules and limits. ``runners`` maps a role to a (runner, LatencyCurve) pair to reuse;
+        the rest are made here (what ``specrt serve`` runs: runners of its own)."""
+        check_method(self.manifest, config.method)
+        check_config(config, self.gamma_max)
+        runners = dict(runners or {})
+        for role in ("target", "draft") if config.method == "draft" else ("target",):
+            if role not in runners:
+                runners[role] = self.runner(role, config.max_batch)
+        target, target_curve = runners["target"]
+        draft_curve = runners["draft"][1] if "draft" in runners else LatencyCurve()
+        proposer = proposer or self.proposer(config.method, config.max_batch, runners.get("draft"))
+        cap = self.manifest.defaults.get("speculation_max_batch")
+        tree = (proposer.max_nodes + 1, proposer.depth) if proposer.tree else None
+        policy = SpeculationPolicy(PolicyConfig(
+            gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(config.method, proposer, config.gamma),
+            speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
+            draft_cost=config.method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
+        return DecodeCore(config, target, proposer, policy, StopRules(self.tokenizer, self.eos_ids),
+                          Limits(self.manifest.max_len, self.gamma_max))
 
     def core(self, method: str, acceptance: str = "exact") -> DecodeCore:
         """The batch-1 decode core of ``method`` (made once; the target's cache and latency curve shared)."""
@@ -232,9 +250,8 @@ class Runtime:
             for role in roles:
                 if role not in self._shared:
                     self._shared[role] = self.runner(role, 1)
-            self._cores[key] = DecodeCore(self, CoreConfig(max_batch=1, method=method, acceptance=acceptance,
-                                                           probe_every=8),
-                                          runners={r: self._shared[r] for r in roles})
+            self._cores[key] = self.new_core(CoreConfig(max_batch=1, method=method, acceptance=acceptance,
+                                                        probe_every=8), runners={r: self._shared[r] for r in roles})
         return self._cores[key]
 
     # ---- public API -------------------------------------------------------------------
@@ -272,10 +289,11 @@ class Runtime:
                                 f"is {self.gamma_max + 1}) or None for the engine dir's default, got {gamma!r}")
         ids = self.encode(prompt)
         core = self.core(method, acceptance)
-        core.policy.config.fixed_gamma = core.fixed_gamma(gamma)  # this request's γ (None: adaptive)
-        holder: dict = {"token_ids": [], "text": "", "finish_reason": None, "stats": {},
-                        "logprobs": [] if params.logprobs is not None else None}
-        return Generation(self._events(core, ids, params, holder), holder)
+        self._requests += 1
+        request = SequenceRequest(f"generate-{self._requests}", ids, params, gamma=gamma)  # γ None: adaptive
+        generation = Generation(logprobs=params.logprobs is not None)
+        generation.events = self._events(core, request, generation)
+        return generation
 
     def encode(self, prompt) -> list[int]:
         """Token ids of a prompt (text, or ids checked against the vocabulary). Text goes through
@@ -302,22 +320,22 @@ class Runtime:
         return resolve_method(self.manifest, method)
 
     # ---- internals --------------------------------------------------------------------------
-    def _events(self, core: DecodeCore, ids, params: SamplingParams, holder: dict):
+    def _events(self, core: DecodeCore, request: SequenceRequest, out: Generation):
+        """Run ``request`` to its end on the batch-1 ``core``, yielding its events and filling in ``out``."""
         for other in self._cores.values():  # a stream abandoned before its end left its sequence behind
             for row in list(other.rows):  # (the batch-1 cores share the target's cache)
                 other.remove(row.request.request_id)
-        self._requests += 1
-        rid = f"generate-{self._requests}"
-        runners = [r for r in (core.target, getattr(core.proposer, "runner", None)) if r is not None]
+        rid = request.request_id
+        runners = [r for r in (core.target, core.proposer.runner) if r is not None]
         t0, engine_s0 = time.perf_counter(), sum(r.engine_seconds for r in runners)
-        update = core.add(SequenceRequest(rid, ids, params))
+        update = core.add(request)
         while True:
             for event in update.events:
                 if event.token_id is not None:
-                    holder["token_ids"].append(event.token_id)
-                    if holder["logprobs"] is not None:
-                        holder["logprobs"].append((event.logprob, event.top_logprobs))
-                holder["text"] += event.text
+                    out.token_ids.append(event.token_id)
+                    if out.logprobs is not None:
+                        out.logprobs.append((event.logprob, event.top_logprobs))
+                out.text += event.text
                 yield event
             if update.finish_reason:
                 break
@@ -326,6 +344,16 @@ class Runtime:
                                    "Runtime before it finished (a Runtime runs one sequence at a time)")
             update = core.step()[0][0]
         seconds, engine_s = time.perf_counter() - t0, sum(r.engine_seconds for r in runners) - engine_s0
-        holder["finish_reason"] = update.finish_reason
-        holder["stats"] = {**update.stats, "seconds": seconds, "tokens_per_second": len(update.token_ids) / seconds,
-                           "engine_seconds": engine_s, "loop_overhead": max(0.0, 1 - engine_s / seconds)}
+        out.finish_reason = update.finish_reason
+        out.stats = {**update.stats, "seconds": seconds, "tokens_per_second": len(update.token_ids) / seconds,
+                     "engine_seconds": engine_s, "loop_overhead": max(0.0, 1 - engine_s / seconds)}
+
+
+def runner_for_graph(engine, spec: GraphSpec, max_len: int, max_batch: int = 1, on_call=None):
+    """The runner of a target or draft graph described by a manifest ``GraphSpec``: an
+    ``InPlaceRunner`` for a fused graph on ONNX Runtime, else a ``HostRunner``."""
+    if spec.kv_layout == "in_place" and getattr(engine, "session", None) is not None:
+        return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call)
+    g = spec.geometry
+    return HostRunner(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
+                      int(spec.shapes.get("prefill", 128)), on_call, spec.sliding_window)

@@ -185,11 +185,14 @@ class SpeculationPolicy:
             return 0.0
         return self.draft_curve.seconds(batch)
 
-    def decide(self, alphas: Sequence[float]) -> PolicyDecision:
+    def decide(self, alphas: Sequence[float], fixed_gamma: int | None = None) -> PolicyDecision:
+        """The γ of one step for sequences with acceptance ``alphas``; ``fixed_gamma`` (else the
+        config's) forces it."""
         cfg = self.config
-        if cfg.fixed_gamma is not None:
-            if self.last.reason != "fixed" or self.last.gamma != cfg.fixed_gamma:
-                self.last = PolicyDecision(cfg.fixed_gamma, 1.0, "fixed")
+        fixed = cfg.fixed_gamma if fixed_gamma is None else fixed_gamma
+        if fixed is not None:
+            if self.last.reason != "fixed" or self.last.gamma != fixed:
+                self.last = PolicyDecision(fixed, 1.0, "fixed")
             return self.last
         if not self.target_curve:  # nothing measured yet: plain decoding measures T(B)
             self.last = PolicyDecision(0, 1.0, "policy")

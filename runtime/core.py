@@ -1,9 +1,13 @@
 """The decode core: every method, batched, from one step function.
 
-``DecodeCore`` owns the target's cache of ``max_batch`` slots (a runner), ONE proposer for all
-rows, the batch-aware γ policy and the rows: active sequences in slots 0..B-1 (when one leaves,
-the last slot moves into the hole, so the active rows stay a contiguous view of the cache).
-``Runtime.generate`` is this core at max_batch 1; ``specrt serve`` is it at max_batch N. A step:
+``DecodeCore`` is built from explicit parts: the target's runner (its cache of ``max_batch``
+slots), ONE proposer for all rows (runtime/proposers/__init__.py's ``Proposer``), the batch-aware
+γ policy, the stop rules (EOS ids, the tokenizer for stop strings) and the limits (cache length,
+exported γ). It keeps the rows: active sequences in slots 0..B-1 (when one leaves, the last slot
+moves into the hole, in the target's cache and the proposer's, so the active rows stay a
+contiguous view of the cache). Per-request settings (sampling, γ) travel with each
+``SequenceRequest``. ``Runtime.generate`` runs this core at max_batch 1 and ``specrt serve`` at
+max_batch N (both build it with ``Runtime.new_core``). A step:
 
     γ         one decision for the batch (runtime/batch_policy.py; 0 = plain decoding)
     propose   per row a chain of k_b <= γ tokens with q, or a tree with point masses
@@ -25,7 +29,7 @@ import numpy as np
 
 from .batch_policy import NO_ROOM, LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
 from .gamma import AlphaEstimate
-from .proposers import EMPTY, Proposal
+from .proposers import EMPTY, Proposal, Proposer
 from .sampling import SamplingError, SamplingParams, next_token, penalize, top_logprobs
 from .stats import SequenceCounts, sequence_stats
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
@@ -48,6 +52,20 @@ class SequenceRequest:
     params: SamplingParams  # sampling and stop rules, max_new_tokens included
     cache_scope: str | None = None  # whose earlier sequences cross-request state (suffix decoding's global
     # cache) may draw on and feed: the server's API key; None = one shared scope
+    gamma: int | None = None  # this sequence's fixed γ (0 = no speculation); None = the core's (config.gamma
+    # or the batch-aware policy)
+
+
+@dataclass
+class StopRules:
+    tokenizer: object  # detokenizes the output, where stop strings are matched (a ``tokenizers.Tokenizer``)
+    eos_ids: set  # token ids that end every sequence
+
+
+@dataclass
+class Limits:
+    max_len: int  # cache entries per slot: prompt + output
+    gamma_max: int  # the longest chain the exported verify shape takes (its Q - 1)
 
 
 @dataclass
@@ -100,30 +118,21 @@ class Row:
 
 
 class DecodeCore:
-    """Continuous batching with speculative rounds over a loaded ``Runtime``'s graphs.
+    """Continuous batching with speculative rounds over a target runner and one proposer.
 
-    Not thread-safe: one worker drives it (``add``, ``remove``, ``step``). ``proposer`` replaces
-    the method's own (tests); ``runners`` maps a role to a (runner, LatencyCurve) pair to reuse.
+    Not thread-safe: one worker drives it (``add``, ``remove``, ``step``). Build it with
+    ``Runtime.new_core`` (which makes the parts from an engine dir), or from parts of your own.
     """
 
-    def __init__(self, runtime, config: CoreConfig, proposer=None, runners: dict | None = None):
-        check_config(runtime, config)
-        self.runtime = runtime
+    def __init__(self, config: CoreConfig, target, proposer: Proposer, policy: SpeculationPolicy,
+                 stops: StopRules, limits: Limits):
+        check_config(config, limits.gamma_max)
         self.config = config
-        self.max_len = runtime.manifest.max_len
-        runners = dict(runners or {})
-        for role in ("target", "draft") if config.method == "draft" else ("target",):
-            if role not in runners:
-                runners[role] = runtime.runner(role, config.max_batch)
-        self.target, target_curve = runners["target"]
-        draft_curve = runners["draft"][1] if "draft" in runners else LatencyCurve()
-        self.proposer = proposer or runtime.proposer(config.method, config.max_batch, runners.get("draft"))
-        cap = runtime.manifest.defaults.get("speculation_max_batch")
-        tree = (self.proposer.max_nodes + 1, self.proposer.depth) if self.proposer.tree else None
-        self.policy = SpeculationPolicy(PolicyConfig(
-            gamma_max=runtime.gamma_max, fixed_gamma=self.fixed_gamma(config.gamma),
-            speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=config.method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
+        self.target = target  # the target graph's runner: the cache of config.max_batch slots
+        self.proposer = proposer
+        self.policy = policy
+        self.stops = stops
+        self.max_len, self.gamma_max = limits.max_len, limits.gamma_max
         self.rows: list[Row] = []  # rows[i].slot == i
         self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
         self._probes = 0  # tree probes so far (each probes one row, in turn)
@@ -131,11 +140,8 @@ class DecodeCore:
             self.calibrate()
 
     def fixed_gamma(self, gamma: int | None) -> int | None:
-        """The policy's fixed γ for a requested γ (None: the policy decides). A tree method has one
-        speculative choice, its whole tree: γ >= 1 means "always verify the tree", 0 "never"."""
-        if self.config.method == "none":
-            return 0
-        return min(gamma, 1) if gamma is not None and self.proposer.tree else gamma
+        """``fixed_gamma`` for this core's method and proposer."""
+        return fixed_gamma(self.config.method, self.proposer, gamma)
 
     # ---- admission and eviction -------------------------------------------------------------
     @property
@@ -176,10 +182,11 @@ class DecodeCore:
         return updates
 
     def _new_row(self, request: SequenceRequest, slot: int) -> Row:
-        rt, params, ids = self.runtime, request.params, list(request.prompt_ids)
+        params, ids = request.params, list(request.prompt_ids)
         return Row(request=request, slot=slot, seq=ids, prompt_len=len(ids),
                    limit=min(params.max_new_tokens, self.max_len - len(ids)), rng=np.random.default_rng(params.seed),
-                   end_ids=rt.eos_ids | set(params.stop_token_ids), detok=IncrementalDetokenizer(rt.tokenizer),
+                   end_ids=set(self.stops.eos_ids) | set(params.stop_token_ids),
+                   detok=IncrementalDetokenizer(self.stops.tokenizer),
                    stops=StopMatcher(params.stop), alpha=AlphaEstimate(state=self.served.export_state()))
 
     def remove(self, request_id: str) -> bool:
@@ -191,15 +198,17 @@ class DecodeCore:
         return False
 
     def _free(self, row: Row) -> None:
+        self.proposer.finish(row)
+        runners = [r for r in (self.target, self.proposer.runner) if r is not None]  # the caches, slot for slot
         last = self.rows.pop()
         if last is not row:  # move the last slot into the hole: active slots stay 0..B-1
-            self.target.move(last.slot, row.slot)
-            self.proposer.move(last.slot, row.slot)
+            for runner in runners:
+                runner.move(last.slot, row.slot)
             last.slot = row.slot
             self.rows[row.slot] = last
         else:
-            self.target.release(row.slot)
-            self.proposer.release(row.slot)
+            for runner in runners:
+                runner.release(row.slot)
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
@@ -208,38 +217,20 @@ class DecodeCore:
             return [], None
         t0 = time.perf_counter()
         rows = list(self.rows)
-        if self.policy.config.fixed_gamma is not None or any(self._room(r, self.runtime.gamma_max) for r in rows):
-            decision = self.policy.decide([r.alpha.alpha for r in rows])
-        else:  # no row can draft (its last token, a full cache): the adaptive policy is not asked, so its
-            decision = NO_ROOM  # probes land on steps that can use them (every 8th step aliases on short requests)
-        ks = [self._room(row, decision.gamma) for row in rows]
-        if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
-            self._probes += 1
-            ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
+        decision, gammas, ks = self._plan(rows)
         drafting = [r for r, k in zip(rows, ks) if k]
         if drafting:
             proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
         else:  # no row drafts (γ = 0, no room): plain decoding, no proposer call
             proposals, proposer_s = [EMPTY] * len(rows), 0.0
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
-        keeps, news, logprobs = [], [], []
-        for b, (row, p) in enumerate(zip(rows, proposals)):
-            logits = out.logits[b, : p.positions]  # [k + 1, V]
-            if row.params.penalized:  # each position penalised with its own history
-                logits = penalize(logits, row.params, row.seq, row.prompt_len, p.prefixes())
-            path, nxt = verify(p, logits, row.params, row.rng, self.config.acceptance)
-            n = len(path)
-            if p.tree is None:  # a chain keeps its first n + 1 positions: the last token and n accepted
-                keeps.append(np.arange(n + 1))
-                news.append([*p.tokens[:n].tolist(), nxt])
-            else:  # a tree keeps the root and the accepted path
-                keeps.append(np.concatenate([[0], path]))
-                news.append([*p.tokens[path - 1].tolist(), nxt])
-            logprobs.append(self._logprobs(row, logits, keeps[-1], news[-1]))  # token j came from kept position j
-            self._record(row, decision.gamma, p, n)
+        verified = [self._verify(row, p, out.logits[b, : p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
+        keeps, news, logprobs = (list(column) for column in zip(*verified))  # per row: kept positions, tokens, logprobs
+        for row, gamma, p, keep in zip(rows, gammas, proposals, keeps):
+            self._record(row, gamma, p, len(keep) - 1)
         self.target.commit(out, keeps)
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
-        if self.proposer.needs_hidden:  # Medusa / EAGLE continue from the target's features at the kept nodes
+        if self.proposer.feature is not None:  # Medusa / EAGLE continue from the target's features at the kept nodes
             hidden = out.outputs[self.proposer.feature]  # [B, Q, F]: "hidden" (H) or EAGLE-3's "aux_hidden" (3H)
             for b, (row, update) in enumerate(zip(rows, updates)):
                 if not update.finish_reason:
@@ -253,6 +244,43 @@ class DecodeCore:
             batch_size=len(rows), gamma=decision.gamma, decision=decision, positions=out.logits.shape[0] * out.logits.shape[1],
             tokens=sum(map(len, news)), proposed=sum(len(p.tokens) for p in proposals),
             accepted=sum(len(k) - 1 for k in keeps), seconds=time.perf_counter() - t0)
+
+    def _plan(self, rows: list[Row]) -> tuple[PolicyDecision, list[int], list[int]]:
+        """The step's decision, each row's γ, and each row's proposal size k_b (0: none)."""
+        fixed = self._step_fixed_gamma(rows)
+        if fixed is not None or any(self._room(r, self.gamma_max) for r in rows):
+            decision = self.policy.decide([r.alpha.alpha for r in rows], fixed)
+        else:  # no row can draft (its last token, a full cache): the adaptive policy is not asked, so its
+            decision = NO_ROOM  # probes land on steps that can use them (every 8th step aliases on short requests)
+        gammas = [self._row_gamma(row, decision) for row in rows]
+        ks = [self._room(row, g) for row, g in zip(rows, gammas)]
+        if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
+            self._probes += 1
+            ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
+        return decision, gammas, ks
+
+    def _verify(self, row: Row, p: Proposal, logits: np.ndarray) -> tuple[np.ndarray, list[int], list | None]:
+        """One row's verification over its logits [k + 1, V]: (the positions its cache keeps, the tokens
+        it emits, their logprobs if asked). Token j of the emitted ones came from kept position j."""
+        if row.params.penalized:  # each position penalised with its own history
+            logits = penalize(logits, row.params, row.seq, row.prompt_len, p.prefixes())
+        path, nxt = verify(p, logits, row.params, row.rng, self.config.acceptance)
+        if p.tree is None:  # a chain keeps its first n + 1 positions: the last token and n accepted
+            keep, new = np.arange(len(path) + 1), [*p.tokens[: len(path)].tolist(), nxt]
+        else:  # a tree keeps the root and the accepted path
+            keep, new = np.concatenate([[0], path]), [*p.tokens[path - 1].tolist(), nxt]
+        return keep, new, self._logprobs(row, logits, keep, new)
+
+    def _step_fixed_gamma(self, rows: list[Row]) -> int | None:
+        """The step's fixed γ: the rows' own when they all ask the same one, else the config's (None: the policy)."""
+        own = {row.request.gamma for row in rows}
+        if len(own) == 1 and None not in own:
+            return self.fixed_gamma(own.pop())
+        return self.policy.config.fixed_gamma
+
+    def _row_gamma(self, row: Row, decision: PolicyDecision) -> int:
+        """A row's γ this step: its request's own, else the step's decision."""
+        return decision.gamma if row.request.gamma is None else self.fixed_gamma(row.request.gamma)
 
     def _room(self, row: Row, gamma: int) -> int:
         """The proposal size this row may take: k tokens of a chain, or 1 = "a tree fits" (0: none)."""
@@ -329,7 +357,7 @@ class DecodeCore:
         acceptance = self.config.acceptance
         curve = self.policy.target_curve
         stats = sequence_stats(row.counts, self.config.method, len(row.out), self.proposer,
-                               curve.seconds if curve else (lambda n: 0.0), self.runtime.gamma_max, acceptance,
+                               curve.seconds if curve else (lambda n: 0.0), self.gamma_max, acceptance,
                                lossy=acceptance == "typical" and not row.params.greedy)
         if self.config.method != "none":
             stats["alpha_estimate"] = row.alpha.alpha  # the decayed estimate the policy used last
@@ -343,7 +371,7 @@ class DecodeCore:
         skew them); shapes the curves already hold are skipped. Only while idle."""
         if self.rows:
             raise RuntimeError("calibrate only while no sequence is active")
-        g = self.runtime.gamma_max
+        g = self.gamma_max
         top = self.proposer.max_nodes + 1 if self.proposer.tree else g + 1
         past = max(0, min(past or 32, self.max_len - top - 1))
         sizes = sorted({*(2 ** i for i in range(self.config.max_batch.bit_length())), self.config.max_batch})
@@ -351,7 +379,7 @@ class DecodeCore:
             return range(1, top + 1) if b == 1 and not self.proposer.tree else (1, top)
 
         plan = [(self.target, self.policy.target_curve, target_qs)]
-        draft = getattr(self.proposer, "runner", None) if self.config.method == "draft" else None
+        draft = self.proposer.runner if self.config.method == "draft" else None
         if draft is not None:  # (a caller's own proposer may have no draft model)
             plan.append((draft, self.policy.draft_curve, lambda b: (1,)))
         for runner, curve, shapes in plan:
@@ -394,14 +422,20 @@ def pack(rows: list[Row], proposals: list[Proposal]):
     return slots, ids, blocks, depths
 
 
-def check_config(runtime, config: CoreConfig) -> None:
-    """A clear error for a method the engine dir cannot run, or a bad size."""
-    runtime.check_method(config.method)
+def fixed_gamma(method: str, proposer: Proposer, gamma: int | None) -> int | None:
+    """The policy's fixed γ for a requested γ (None: the policy decides): 0 for method "none"; a tree
+    method has one speculative choice, its whole tree: γ >= 1 means "always verify the tree", 0 "never"."""
+    if method == "none":
+        return 0
+    return min(gamma, 1) if gamma is not None and proposer.tree else gamma
+
+
+def check_config(config: CoreConfig, gamma_max: int) -> None:
+    """A clear error for a bad size, γ or acceptance rule (the method: ``methods.check_method``)."""
     if config.max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {config.max_batch}")
-    g_max = runtime.gamma_max
-    if config.gamma is not None and not 0 <= config.gamma <= g_max:
-        raise SamplingError(f"gamma must be in 0..{g_max} or None for the policy, got {config.gamma}")
+    if config.gamma is not None and not 0 <= config.gamma <= gamma_max:
+        raise SamplingError(f"gamma must be in 0..{gamma_max} or None for the policy, got {config.gamma}")
     if config.acceptance not in ACCEPTANCE or (config.acceptance != "exact" and config.method != "medusa"):
         raise SamplingError(f"acceptance must be one of {', '.join(ACCEPTANCE)} ('typical' is lossy and only for "
                             f"method 'medusa'), got {config.acceptance!r} with method {config.method!r}")

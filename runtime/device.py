@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract import NP_DTYPES
 from ..engines import EngineError
 from ..engines.manifest import load_manifest
 from .runner import CacheFullError, Pass, Runner
@@ -29,7 +30,7 @@ class DeviceRunner(Runner):
         self.max_len = dm.max_len
         self.prefill_chunk = int(spec.shapes.get("prefill", 128))
         self.has_hidden = spec.has_hidden
-        self.np_dtype = {"fp32": np.float32, "fp16": np.float16}[spec.dtype]
+        self.np_dtype = NP_DTYPES[spec.dtype]
         self.on_call = on_call
         self.engine_seconds = 0.0
         self.calls = 0
@@ -38,11 +39,10 @@ class DeviceRunner(Runner):
     def lengths(self) -> np.ndarray:
         return np.array([self.dm.length], dtype=np.int64)
 
-    def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
-                record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
         """As ``HostRunner.forward`` for one row; the new K/V stay in the device cache until ``commit``."""
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.shape[0] != 1 or positions is not None or past_visible is not None or feeds:
+        if ids.shape[0] != 1:
             raise EngineError("the device runner runs one chain or tree row of a target or draft graph")
         q = ids.shape[1]
         block = None if blocks is None else blocks[0]

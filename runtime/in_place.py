@@ -98,19 +98,16 @@ class InPlaceRunner(Runner):
         return b
 
     # ---- running ----------------------------------------------------------------------------
-    def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
-                record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
         """Run ``ids`` [R, Q] after each slot's valid entries (see ``HostRunner.forward``); the new
         K/V land in the stale part of each slot, valid only once committed."""
-        if past_visible is not None or feeds:
-            raise ValueError("InPlaceRunner: past_visible and extra feeds are not part of the fused graph")
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
-        if r == 1 and q <= CHAIN_Q and blocks is None and positions is None and self.lengths[slots[0]] + q <= self.max_len:
+        if r == 1 and q <= CHAIN_Q and blocks is None and self.lengths[slots[0]] + q <= self.max_len:
             return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
-        positions = self.positions(lengths, q, depths, positions)
+        positions = self.positions(lengths, q, depths)
         logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
         feats = {n: np.zeros((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
         if q == 1 and r > 1:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import NP_DTYPES, apply_sliding_window, batch_mask, chain_mask, new_names, past_names
+from ..contract import apply_sliding_window, batch_mask, chain_mask, new_names, past_names
 
 
 class CacheFullError(RuntimeError):
@@ -71,12 +71,10 @@ class Runner:
             self.on_call(rows, q, dt)
         return out
 
-    def positions(self, lengths: np.ndarray, q: int, depths=None, positions=None) -> np.ndarray:
-        """int64 [R, Q] positions of a call's new tokens: ``positions`` if given; a batch-1 chain's
-        lengths + 0..Q-1; else lengths + depth (trees) or + index, clipped to the cache (padding
-        positions may run past it; their outputs are never used)."""
-        if positions is not None:
-            return np.asarray(positions, dtype=np.int64)
+    def positions(self, lengths: np.ndarray, q: int, depths=None) -> np.ndarray:
+        """int64 [R, Q] positions of a call's new tokens: a batch-1 chain's lengths + 0..Q-1; else
+        lengths + depth (trees) or + index, clipped to the cache (padding positions may run past it;
+        their outputs are never used)."""
         r = len(lengths)
         if r == 1 and depths is None:
             return np.arange(lengths[0], lengths[0] + q, dtype=np.int64)[None]
@@ -133,42 +131,33 @@ class HostRunner(Runner):
         self.engine_seconds = 0.0
         self.calls = 0
 
-    @classmethod
-    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "Runner":
-        """A runner for a target or draft graph described by a manifest ``GraphSpec``: an
-        ``InPlaceRunner`` for a fused graph on ONNX Runtime, else a ``HostRunner``."""
-        if spec.kv_layout == "in_place" and getattr(engine, "session", None) is not None:
-            from .in_place import InPlaceRunner
-
-            return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call)
-        g = spec.geometry
-        return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
-                   int(spec.shapes.get("prefill", 128)), on_call, spec.sliding_window)
-
     # ---- running ----------------------------------------------------------------------------
-    def forward(self, slots, ids, blocks=None, depths=None, positions=None, past_visible=None, feeds=None,
-                record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
         """Run ``ids`` [R, Q] after each slot's valid entries. Writes nothing (see ``commit``).
 
         blocks: per row a bool [n_r, n_r] attend block over its new tokens (a tree), or None (chain);
-        depths: per row int [n_r] (a tree's depths; positions are lengths + depth) or None;
-        positions: int [R, Q] overrides positions; past_visible: bool [R, Q, P] overrides the
-        visible past (``contract.batch_mask``); feeds: extra graph inputs (the EAGLE head's "hidden").
+        depths: per row int [n_r] (a tree's depths; positions are lengths + depth) or None.
         """
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
         lengths = self.lengths[slots]  # [R]
-        past = int(lengths[0]) if r == 1 else int(lengths.max())
-        if r == 1 and blocks is None and past_visible is None:  # the batch-1 chain: the fast path
-            mask = chain_mask(past, q, self.dtype)
+        if r == 1 and blocks is None:  # the batch-1 chain: the fast path
+            mask = chain_mask(int(lengths[0]), q, self.dtype)
         else:
-            mask = batch_mask(lengths, q, blocks, past_visible, self.dtype)  # [R, 1, Q, P+Q]
-        positions = self.positions(lengths, q, depths, positions)
+            mask = batch_mask(lengths, q, blocks, None, self.dtype)  # [R, 1, Q, P+Q]
+        return self.run(slots, ids, self.positions(lengths, q, depths), mask, record=record)
+
+    def run(self, slots: np.ndarray, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray,
+            feeds: dict | None = None, record: bool = True) -> Pass:
+        """One graph call: ids / positions int64 [R, Q] over the first P entries of the slots, where
+        mask [R, 1, Q, P+Q] says what each new token sees (the sliding window applied here); feeds:
+        extra graph inputs (the EAGLE head's "hidden")."""
+        r, q = ids.shape
         if self.sliding_window is not None and int(positions.max()) >= self.sliding_window:
             mask = apply_sliding_window(mask, positions, self.sliding_window)
         feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
-                 **(feeds or {}), **self._past(slots, past)}
+                 **(feeds or {}), **self._past(slots, mask.shape[-1] - q)}
         out = self._timed(lambda: self.engine.run(feeds), r, q, record)
         return Pass(slots, out["logits"], out)
 

@@ -95,14 +95,20 @@ def verify_sampled(draft_tokens: np.ndarray, draft_probs: np.ndarray | None, tar
 
 
 
+def kept_lengths(tree: Tree, kept: np.ndarray) -> np.ndarray:
+    """kept: bool [N] (root True). Per root-to-leaf path (``tree.retrieve`` row, [L, D+1]) how many of
+    its nodes are kept from the root on, root included: int [L]."""
+    rows = tree.retrieve  # [L, D+1]
+    ok = np.where(rows >= 0, kept[np.maximum(rows, 0)], False)  # [L, D+1]
+    return np.cumprod(ok, axis=1).sum(1)
+
+
 def _longest_path(tree: Tree, kept: np.ndarray) -> np.ndarray:
     """kept: bool [N] (root True). Node indices (root excluded) of the longest root path whose
     nodes are all kept; ties: the first retrieve row (smaller ranks)."""
-    rows = tree.retrieve  # [L, D+1]
-    ok = np.where(rows >= 0, kept[np.maximum(rows, 0)], False)  # [L, D+1]
-    lengths = np.cumprod(ok, axis=1).sum(1)  # [L] nodes kept from the root on, root included
+    lengths = kept_lengths(tree, kept)  # [L]
     best = int(np.argmax(lengths))
-    return rows[best, 1 : lengths[best]].copy()
+    return tree.retrieve[best, 1 : lengths[best]].copy()
 
 
 def verify_tree_greedy(tree: Tree, tokens: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, int]:
@@ -152,8 +158,7 @@ def verify_tree_typical(tree: Tree, tokens: np.ndarray, logits: np.ndarray, para
     kept = p_tok > limit[parent]
     kept[0] = True
     rows = tree.retrieve  # [L, D+1]
-    ok = np.where(rows >= 0, kept[np.maximum(rows, 0)], False)
-    lengths = np.cumprod(ok, axis=1).sum(1)  # [L]
+    lengths = kept_lengths(tree, kept)  # [L]
     longest = lengths == lengths.max()
     logp = np.where(np.arange(rows.shape[1]) < lengths[:, None], np.log(p_tok[np.maximum(rows, 0)] + 1e-30), 0.0)
     logp[:, 0] = 0.0  # the root is not a candidate

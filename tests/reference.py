@@ -4,12 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from specrt.runtime.core import DecodeCore, SequenceRequest
+from specrt.runtime.api import runner_for_graph
 from specrt.runtime.runner import HostRunner
 
 
 def fresh_runner(graph, max_len: int = 64, max_batch: int = 1) -> HostRunner:
     """A new batch-1 runner (empty cache) over a ``Runtime`` graph (``rt.target`` / ``rt.draft``)."""
-    return HostRunner.for_graph(graph.engine, graph.spec, max_len, max_batch)
+    return runner_for_graph(graph.engine, graph.spec, max_len, max_batch)
 
 
 def fresh_logits(graph, seq, max_len: int = 64) -> np.ndarray:
@@ -59,7 +60,7 @@ def assert_batched_rows_equal_batch1(rt, method: str, prompts, max_new, sampled:
 
     params = [SamplingParams(max_new_tokens=m, **({"temperature": 1.0, "top_k": 8 if i % 2 else 0, "seed": 100 + i}
                                                   if sampled else {})) for i, m in enumerate(max_new)]
-    core = DecodeCore(rt, CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
+    core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
     done = run_all(core, requests_for(zip(prompts, params)))
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         ref = rt.generate(prompt, max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_k=p.top_k,
@@ -118,19 +119,20 @@ def assert_head_cache_matches_fresh(rt, prompt, feature: str = "hidden", rows_ah
     from specrt.runtime.core import CoreConfig
     from specrt.runtime.sampling import SamplingParams
 
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="eagle", gamma=1, calibrate=False))
+    core = rt.new_core(CoreConfig(max_batch=1, method="eagle", gamma=1, calibrate=False))
     core.add(SequenceRequest("r", prompt, SamplingParams(temperature=1.0, seed=3, max_new_tokens=20)))
-    row, head = core.rows[0], core.proposer.head
+    row, head = core.rows[0], core.proposer.runner
     while len(row.seq) < len(prompt) + rows_ahead:
         core.step()
     assert row.counts.rounds >= 2
-    core.proposer._catch_up(row.slot)  # the rows buffered since the last draft
+    core.proposer._catch_up(row)  # the rows buffered since the last draft
     n = int(head.lengths[row.slot])
     assert n == len(row.seq) - 1  # the head holds rows 0..L-2
     _, feats = fresh_runner(rt.target).prefill(0, row.seq[:n], feature)  # [n, F] true features of rows 0..n-1
     fresh = rt.proposer("eagle", 1)
-    fresh.start(SimpleNamespace(slot=0, seq=row.seq[: n + 1]), feats)
-    fresh._catch_up(0)
-    assert np.abs(fresh.head.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
+    fresh_row = SimpleNamespace(slot=0, seq=row.seq[: n + 1], request=SimpleNamespace(request_id="fresh"))
+    fresh.start(fresh_row, feats)
+    fresh._catch_up(fresh_row)
+    assert np.abs(fresh.runner.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
     core.remove("r")
 

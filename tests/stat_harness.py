@@ -16,7 +16,7 @@ import torch
 from scipy import stats as sps
 
 from reference import reference_penalize, reference_probs, run_all
-from specrt.export.onnx_export import load_hf
+from specrt.export.hf_checkpoint import load_hf
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
 
@@ -99,7 +99,7 @@ def run_trials_batched(rt, prompt, trials: int, vocab: int, method: str, max_bat
                        **sampling) -> tuple[np.ndarray, dict]:
     """``run_trials`` through ONE batched decode core: the trial rows share target passes with filler rows
     of a longer prompt (other lengths, other proposals, padding), every row with its own seed."""
-    core = DecodeCore(rt, CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
+    core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
     requests = []
     for seed in range(trials):
         requests.append(SequenceRequest(f"t{seed}", prompt, SamplingParams(max_new_tokens=3, seed=seed, **sampling)))

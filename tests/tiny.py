@@ -65,7 +65,7 @@ def sample_corpus(target_dir, out, n=64, length=60, seed=0, V=HEADS_V):
     import torch
     from tokenizers import Tokenizer
 
-    from specrt.export.onnx_export import load_hf
+    from specrt.export.hf_checkpoint import load_hf
 
     model = load_hf(target_dir)
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))

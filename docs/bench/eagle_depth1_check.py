@@ -16,7 +16,8 @@ import torch
 import specrt
 from specrt.export.eagle3_head import is_eagle3, load_head3
 from specrt.export.eagle_head import load_head
-from specrt.export.onnx_export import ExportConfig, export_engine, load_hf
+from specrt.export.hf_checkpoint import load_hf
+from specrt.export.onnx_export import ExportConfig, export_engine
 from specrt.tools.prompts import CODE
 from specrt.tools.train.eagle3 import unroll
 

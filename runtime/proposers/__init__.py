@@ -1,28 +1,34 @@
 """Proposers: cheap guesses of the next tokens, for the target to verify in ONE pass per round.
 
-Every proposer serves a whole batch (one object for all rows, per-slot state inside, buffers
-sized to ``max_batch``) behind the same small interface, which the decode core (runtime/core.py)
-calls in this order for a sequence in cache slot ``row.slot``:
+One proposer object serves every row of a decode core (runtime/core.py) behind the ``Proposer``
+protocol below; what it keeps about a sequence is keyed by the row's request id
+(``row.request.request_id``), never by cache slot. The core calls, for each sequence:
 
     start(row, hidden)        a new sequence: row.seq = prompt + first token; hidden [P, F] = the
-                              target's features of the prompt positions (None unless needs_hidden):
-                              its graph output named by the proposer's ``feature`` ("hidden" [P, H],
-                              or EAGLE-3's "aux_hidden" [P, 3H])
+                              target's ``feature`` output at the prompt positions (None when the
+                              proposer's ``feature`` is None or the graph has no such output)
     propose(rows, ks)         -> one ``Proposal`` per row, at most ks[b] tokens (chains) or a tree
-                              (tree proposers: ks[b] > 0 means "a tree fits"); ks[b] == 0: empty
-    observe(row, new, hidden) proposers with ``needs_hidden`` only, after the target pass:
-                              ``new`` = the tokens the round emitted, hidden [n + 1, F] = the
-                              target's features at the root and the accepted nodes (what the
-                              next round starts from)
-    move(src, dst) / release(slot)    a sequence changed slot / left
+                              (tree proposers: ks[b] > 0 means "a tree fits"); ks[b] == 0: ``EMPTY``
+    observe(row, new, hidden) proposers with a ``feature`` only, after the target pass: ``new`` =
+                              the tokens the round emitted, hidden [n + 1, F] = the target's
+                              features at the root and the accepted nodes
+    finish(row)               the sequence left (finished or cancelled): drop what is kept for it
 
-Rows carry ``slot``, ``seq`` (prompt + emitted tokens), ``params`` (``SamplingParams``) and
-``rng`` (the row's generator: a proposer that samples draws from it, so a row's random
-stream does not depend on the rest of the batch).
+Rows carry ``slot`` (the row's cache slot), ``seq`` (prompt + emitted tokens), ``params``
+(``SamplingParams``), ``rng`` (the row's generator: a proposer that samples draws from it, so a
+row's random stream does not depend on the rest of the batch) and ``request`` (its
+``SequenceRequest``: ``request_id``, ``cache_scope``).
+
+Cache slots are the core's: a proposer with a model cache of its own (the draft model, the EAGLE
+head) exposes it as ``runner``, slot for slot with the target's, and the core moves and frees
+that runner's slots with the target's. Worked example, n-gram at γ = 3 on row.seq = [5, 1, 2, 3,
+9, 1, 2]: ``propose([row], [3])`` -> ``[Proposal(tokens=[3, 9, 1])]``; the target verifies
+[2, 3, 9, 1] in one pass.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -54,16 +60,50 @@ class Proposal:
 EMPTY = Proposal(np.zeros(0, np.int64))  # no proposal: the round is one plain decode step
 
 
+class Proposer(Protocol):
+    """What the decode core may assume of a proposer (see the module docstring for the call order).
+
+    The core reads only these attributes and calls only these methods. A chain proposer returns
+    proposals of at most ks[b] tokens and may attach its distributions q (a sampled draft) or not
+    (point masses: n-gram, suffix); a tree proposer (``tree``) returns a ``Proposal`` with its
+    ``Tree`` of at most ``max_nodes`` nodes beyond the root, or ``EMPTY``. Proposals never depend
+    on other rows of the batch (a row's randomness comes from ``row.rng``).
+    """
+
+    name: str  # the method: "none" | "draft" | "ngram" | "suffix" | "medusa" | "eagle"
+    tree: bool  # proposes trees (verified whole: γ is 0 or 1) instead of chains of <= γ tokens
+    max_nodes: int  # most tokens one proposal adds to the target pass (chains: the exported γ)
+    depth: int  # trees only: the tree's depth
+    feature: str | None  # the target output start/observe receive: "hidden" [., H], "aux_hidden" [., 3H]; None: none
+    runner: object | None  # the proposer's own model cache (a Runner), slot for slot with the target's; None: none
+    passes: int  # graph calls made so far (the core attributes them to the rows it asked for)
+    passes_name: str  # the stats key of ``passes`` ("draft_passes", "heads_passes", "head_passes")
+    step_seconds: float | None  # chains: measured seconds per proposed token (None: not measured yet)
+    tree_name: str | None  # trees: the tree's name in the stats
+
+    def start(self, row, hidden: np.ndarray | None) -> None: ...
+
+    def propose(self, rows: list, ks: list[int]) -> list[Proposal]: ...
+
+    def observe(self, row, new: list[int], hidden: np.ndarray) -> None: ...
+
+    def finish(self, row) -> None: ...
+
+
 class NoProposer:
-    """Method "none": plain decoding through the same core (every proposal empty)."""
+    """Method "none": plain decoding through the same core (every proposal empty). A ``Proposer``
+    with nothing to keep, so also the simplest base for a test's proposer."""
 
     name = "none"
-    tree = False  # proposes chains
-    needs_hidden = False
-    feature = "hidden"  # the target graph output ``start``/``observe`` receive (with needs_hidden)
-    max_nodes = 0  # most tokens one proposal adds to the target pass
-    step_seconds = 0.0  # chain proposers: measured seconds per proposed token (a tree's cost: the core measures it)
+    tree = False
+    max_nodes = 0
+    depth = 0
+    feature = None
+    runner = None
     passes = 0
+    passes_name = "proposer_passes"
+    step_seconds = 0.0
+    tree_name = None
 
     def start(self, row, hidden) -> None:
         pass
@@ -74,8 +114,5 @@ class NoProposer:
     def observe(self, row, new, hidden) -> None:
         pass
 
-    def move(self, src: int, dst: int) -> None:
-        pass
-
-    def release(self, slot: int) -> None:
+    def finish(self, row) -> None:
         pass

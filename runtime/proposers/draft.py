@@ -6,13 +6,14 @@ import time
 import numpy as np
 
 from ..sampling import penalize, probs, sample
-from . import EMPTY, NoProposer, Proposal
+from . import EMPTY, Proposal
 
 
-class DraftProposer(NoProposer):
+class DraftProposer:
     """Chains from a draft model with its own cache (a ``HostRunner`` of ``max_batch`` slots).
 
-    A row's draft cache holds a prefix of its sequence. ``propose`` first feeds every row's
+    A ``Proposer`` (runtime/proposers/__init__.py) whose ``runner`` the core keeps slot for slot
+    with the target's. A row's draft cache holds a prefix of its sequence. ``propose`` first feeds every row's
     tokens the draft has not seen (after a round: the accepted tail, the recovered or bonus
     token, and the last proposal when all were accepted) in ONE call, then one call per draft
     step for the rows that still need tokens. q comes from the same ``probs()`` as the target's
@@ -25,11 +26,12 @@ class DraftProposer(NoProposer):
     """
 
     name = "draft"
+    tree, depth, feature, tree_name, passes_name = False, 0, None, None, "draft_passes"
 
     def __init__(self, runner, max_gamma: int):
-        self.runner = runner  # the draft graph's HostRunner
+        self.runner = runner  # the draft graph's runner: its cache, slot for slot with the target's
         self.max_nodes = max_gamma
-        self.seen = [[] for _ in range(runner.max_batch)]  # per slot: tokens in the draft cache, in order
+        self.seen: dict[str, list] = {}  # request id -> tokens in its draft cache slot, in order
         self.step_seconds = None  # EWMA seconds per proposed token (feed + sample)
         self.passes = 0  # draft graph calls made by propose
 
@@ -37,11 +39,11 @@ class DraftProposer(NoProposer):
         self.runner.release(row.slot)
         prompt = row.seq[:-1]
         self.runner.prefill(row.slot, prompt)
-        self.seen[row.slot] = list(prompt)
+        self.seen[row.request.request_id] = list(prompt)
 
     def _unseen(self, row) -> list[int]:
         """Roll the row's draft cache back to its longest common prefix with row.seq; returns the rest."""
-        seen, seq = self.seen[row.slot], row.seq
+        seen, seq = self.seen[row.request.request_id], row.seq
         n, limit = 0, min(len(seen), len(seq))
         while n < limit and seen[n] == seq[n]:
             n += 1
@@ -62,8 +64,9 @@ class DraftProposer(NoProposer):
         for i, u in enumerate(unseen):
             ids[i, : len(u)] = u
         logits = self._feed(slots, ids, [np.arange(n) for n in lens])[np.arange(len(active)), lens - 1]  # [A, V]
-        for b, u in zip(active, unseen):
-            self.seen[rows[b].slot].extend(u)
+        seen = [self.seen[rows[b].request.request_id] for b in active]  # per active row
+        for s, u in zip(seen, unseen):
+            s.extend(u)
         tokens = [[] for _ in active]  # per active row
         qs = [[] for _ in active]
         for i in range(max(ks)):
@@ -83,7 +86,7 @@ class DraftProposer(NoProposer):
             step = self._feed(slots[feed], np.array([[tokens[j][-1]] for j in feed]))  # [F, 1, V]
             for f, j in enumerate(feed):
                 logits[j] = step[f, 0]
-                self.seen[slots[j]].append(tokens[j][-1])
+                seen[j].append(tokens[j][-1])
         dt = (time.perf_counter() - t0) / max(ks)
         self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
         out = [EMPTY] * len(rows)
@@ -97,10 +100,8 @@ class DraftProposer(NoProposer):
         self.passes += 1
         return p.logits
 
-    def move(self, src: int, dst: int) -> None:
-        self.runner.move(src, dst)
-        self.seen[dst], self.seen[src] = self.seen[src], []
+    def observe(self, row, new, hidden) -> None:
+        pass
 
-    def release(self, slot: int) -> None:
-        self.runner.release(slot)
-        self.seen[slot] = []
+    def finish(self, row) -> None:
+        self.seen.pop(row.request.request_id, None)

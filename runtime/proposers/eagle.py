@@ -24,9 +24,10 @@ A round:
      catch-up runs in one head call before the next draft, so steps without a tree (the policy
      off, no room) cost no head call.
 
-Per slot the proposer keeps root_logits, root_feat and its rows in the head's own cache (a
-``HostRunner`` of ``max_batch`` slots); the rows' trees grow in lockstep, one head call per depth
-for every row (``dynamic_trees``).
+Per request the proposer keeps root_logits, root_feat and the rows the head has not run on
+(``EagleState``); the head's own cache (a ``HeadRunner`` of ``max_batch`` slots, the proposer's
+``runner``) follows the target's slots, moved and freed by the core. The rows' trees grow in
+lockstep, one head call per depth for every row (``dynamic_trees``).
 
 EAGLE-3 (export/eagle3_head.py) runs the same way with two differences: the proposer reads the
 target's ``aux_hidden`` output (``feature``), the hidden states of three layers, and the fc graph
@@ -35,16 +36,17 @@ the head's own outputs h (its ``next_hidden``), as in EAGLE-1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...contract import NP_DTYPES
 from ...engines.base import EngineError
 from ...engines.manifest import EagleSpec
-from ..runner import HostRunner
+from ...contract import batch_mask
+from ..runner import HostRunner, Pass
 from ...trees import compile_tree
-from . import EMPTY, NoProposer, Proposal
+from . import EMPTY, Proposal
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -104,31 +106,55 @@ def dynamic_tree(root_logp: np.ndarray, expand, topk: int, depth: int, nodes: in
     return dynamic_trees([root_logp], lambda frontiers: [expand(frontiers[0])], topk, depth, nodes)[0]
 
 
-def head_runner(engine, spec: EagleSpec, max_len: int, tree: dict, max_batch: int) -> HostRunner:
+class HeadRunner(HostRunner):
+    """The EAGLE head's one-layer cache. Besides the runner calls, the head's own: every row reads a
+    feature (``hidden``), and draft rows carry positions and visible past rows of their own."""
+
+    def forward_head(self, slots, ids, hidden: np.ndarray, blocks=None, positions=None,
+                     past_visible=None) -> Pass:
+        """Run ``ids`` [R, Q] with features ``hidden`` [R, Q, H] after each slot's valid entries.
+
+        positions: int [R, Q] (None: each row's length + index); past_visible: bool [R, Q, P] which
+        past rows each new row sees (None: all valid ones); blocks as in ``HostRunner.forward``."""
+        slots = np.asarray(slots, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        lengths = self.lengths[slots]  # [R]
+        mask = batch_mask(lengths, ids.shape[1], blocks, past_visible, self.dtype)  # [R, 1, Q, P+Q]
+        positions = self.positions(lengths, ids.shape[1]) if positions is None else np.asarray(positions, np.int64)
+        return self.run(slots, ids, positions, mask, feeds={"hidden": np.asarray(hidden, dtype=self.dtype)})
+
+
+def head_runner(engine, spec: EagleSpec, max_len: int, tree: dict, max_batch: int) -> HeadRunner:
     """The head graph with its own one-layer cache, sized for the committed rows plus one round's draft rows."""
-    return HostRunner(engine, 1, spec.num_kv_heads, spec.head_dim, max_len + (tree["depth"] + 1) * tree["topk"],
+    return HeadRunner(engine, 1, spec.num_kv_heads, spec.head_dim, max_len + (tree["depth"] + 1) * tree["topk"],
                       max_batch, NP_DTYPES[spec.dtype])
 
 
-class EagleProposer(NoProposer):
-    """EAGLE-2 dynamic trees from the EAGLE head (see the module docstring)."""
+@dataclass
+class EagleState:
+    """What the proposer keeps about one request between rounds."""
+
+    root_logits: np.ndarray | None = None  # float32 [V] the head's candidates for the next token
+    root_feat: np.ndarray | None = None  # [H] the head's f̂ at the root
+    pending: list = field(default_factory=list)  # (tokens, true features [n, F]) the head has not run on yet
+
+
+class EagleProposer:
+    """EAGLE-2 dynamic trees from the EAGLE head (see the module docstring). A ``Proposer``
+    (runtime/proposers/__init__.py) whose ``runner`` is the head's cache."""
 
     name = "eagle"
-    tree = True
-    needs_hidden = True
+    tree, step_seconds = True, None
     tree_name = "eagle-dynamic"
     passes_name = "head_passes"  # the stats key of ``passes``
 
-    def __init__(self, head: HostRunner, hidden_size: int, vocab_size: int, topk: int, depth: int, nodes: int,
-                 fc=None):
-        self.head, self.topk, self.depth, self.nodes = head, topk, depth, nodes
+    def __init__(self, head: HeadRunner, topk: int, depth: int, nodes: int, fc=None):
+        self.runner = head  # the head's cache, slot for slot with the target's
+        self.topk, self.depth, self.nodes = topk, depth, nodes
         self.fc = fc  # EAGLE-3: the fc graph's Engine (aux_hidden [1, n, 3H] -> hidden [1, n, H]); None: EAGLE-1
         self.feature = "aux_hidden" if fc is not None else "hidden"  # the target output start/observe receive
         self.max_nodes = nodes - 1
-        slots = head.max_batch
-        self.root_logits = np.zeros((slots, vocab_size), dtype=np.float32)  # [slots, V] candidates for the next token
-        self.root_feat = np.zeros((slots, hidden_size), dtype=head.dtype)  # [slots, H] the head's f̂ at the root
-        self.pending = [[] for _ in range(slots)]  # per slot: (tokens, true features) the head has not run on
+        self.states: dict[str, EagleState] = {}  # request id -> its state
         self.passes = 0  # head graph calls
 
     @property
@@ -139,52 +165,58 @@ class EagleProposer(NoProposer):
         if hidden is None:
             raise EngineError(f"method eagle: the target runner gives no {self.feature!r} output (the device runner "
                               "has `hidden` only: run an EAGLE-3 engine on the host runners)")
-        self.head.release(row.slot)
-        self.pending[row.slot] = [(row.seq[1:], hidden)]  # rows 0..L-2 from the true features f_0..f_{L-2}
+        self.runner.release(row.slot)
+        self.states[row.request.request_id] = EagleState(pending=[(row.seq[1:], hidden)])  # rows 0..L-2: f_0..f_{L-2}
 
     def observe(self, row, new, hidden) -> None:
-        self.pending[row.slot].append((new, hidden))  # rows start..start+n, run before the next draft
+        self.states[row.request.request_id].pending.append((new, hidden))  # rows start..start+n, run before the next draft
 
-    def _catch_up(self, slot: int) -> None:
+    def finish(self, row) -> None:
+        self.states.pop(row.request.request_id, None)
+
+    def _catch_up(self, row) -> None:
         """Run the head on every row it has not seen (one call): the head invariant again. Rows are
         buffered, so steps without a tree (the policy off, no room) cost no head call."""
-        rows, self.pending[slot] = self.pending[slot], []
+        state = self.states[row.request.request_id]
+        rows, state.pending = state.pending, []
         if rows:
             feats = np.concatenate([f for _, f in rows])  # [n, H] | EAGLE-3: [n, 3H], fused here
             if self.fc is not None:
-                feats = self.fc.run({"aux_hidden": feats[None].astype(self.head.dtype)})["hidden"][0]
-            self._chain(slot, [t for ids, _ in rows for t in ids], feats)
+                feats = self.fc.run({"aux_hidden": feats[None].astype(self.runner.dtype)})["hidden"][0]
+            self._chain(row, [t for ids, _ in rows for t in ids], feats)
 
-    def _chain(self, slot: int, ids, feats) -> None:
-        """Commit rows at the next positions with causal attention; keeps the last row's outputs."""
-        p = self.head.forward([slot], [list(ids)], feeds={"hidden": np.asarray(feats, dtype=self.head.dtype)[None]})
-        self.head.commit(p)
+    def _chain(self, row, ids, feats) -> None:
+        """Commit head rows for tokens ``ids`` with true features ``feats`` [n, H] at the row's next positions
+        (causal attention); the last row's outputs become the row's root."""
+        p = self.runner.forward_head([row.slot], [list(ids)], np.asarray(feats)[None])
+        self.runner.commit(p)
         self.passes += 1
-        self.root_logits[slot], self.root_feat[slot] = p.logits[0, -1], p.outputs["next_hidden"][0, -1]
+        state = self.states[row.request.request_id]
+        state.root_logits, state.root_feat = p.logits[0, -1], p.outputs["next_hidden"][0, -1]
 
     def propose(self, rows, ks) -> list[Proposal]:
         out = [EMPTY] * len(rows)
         drafting = []
         for b, (row, k) in enumerate(zip(rows, ks)):
-            behind = sum(len(ids) for ids, _ in self.pending[row.slot])
-            if k and self.head.room(row.slot) >= behind + self.draft_rows + self.depth + 1:
+            behind = sum(len(ids) for ids, _ in self.states[row.request.request_id].pending)
+            if k and self.runner.room(row.slot) >= behind + self.draft_rows + self.depth + 1:
                 drafting.append(b)
         if not drafting:
             return out
         for b in drafting:
-            self._catch_up(rows[b].slot)
-        for b, (tree, tokens) in zip(drafting, self.draft([rows[b].slot for b in drafting])):
+            self._catch_up(rows[b])
+        for b, (tree, tokens) in zip(drafting, self.draft([rows[b] for b in drafting])):
             out[b] = Proposal(tokens, None, tree)
         return out
 
-    def draft(self, slots: list[int]) -> list[tuple]:
-        """Per slot (Tree, tokens int64 [N - 1] of nodes 1..N-1), the rows' trees grown in lockstep: each depth
-        is ONE head call over every row. Leaves the slots' head cache as it found it."""
-        head = self.head
-        slots = np.asarray(slots, dtype=np.int64)
+    def draft(self, rows: list) -> list[tuple]:
+        """Per row (Tree, tokens int64 [N - 1] of nodes 1..N-1), the rows' trees grown in lockstep: each depth
+        is ONE head call over every row. Leaves the rows' head cache as it found it."""
+        head = self.runner
+        states = [self.states[row.request.request_id] for row in rows]
+        slots = np.array([row.slot for row in rows], dtype=np.int64)
         committed = head.lengths[slots].copy()  # [R] rows 0..L-2 of each slot: the root's row is the last one
-        root_feat = self.root_feat[slots]  # [R, H]
-
+        root_feat = np.stack([s.root_feat for s in states])  # [R, H]
         def expand(frontiers):
             r, q = len(frontiers), max(len(f) for f in frontiers)
             past = head.lengths[slots].copy()  # [R] committed rows + this round's draft rows so far
@@ -201,8 +233,8 @@ class EagleProposer(NoProposer):
                         a = a.parent
                     ids[b, i], positions[b, i] = n.tokens[-1], committed[b] - 1 + len(n.path)
                     feats[b, i] = n.parent.feat if n.parent.feat is not None else root_feat[b]
-            p = head.forward(slots, ids, blocks=[np.eye(len(f), dtype=bool) for f in frontiers], positions=positions,
-                             past_visible=visible, feeds={"hidden": feats})
+            p = head.forward_head(slots, ids, feats, blocks=[np.eye(len(f), dtype=bool) for f in frontiers],
+                                  positions=positions, past_visible=visible)
             head.commit(p, [np.arange(len(f)) for f in frontiers])
             self.passes += 1
             for b, frontier in enumerate(frontiers):
@@ -211,7 +243,7 @@ class EagleProposer(NoProposer):
             return [log_softmax(p.logits[b, : len(f)]) for b, f in enumerate(frontiers)]
 
         try:
-            grown = dynamic_trees([log_softmax(self.root_logits[s]) for s in slots], expand, self.topk, self.depth,
+            grown = dynamic_trees([log_softmax(s.root_logits) for s in states], expand, self.topk, self.depth,
                                   self.nodes)
         finally:
             for s, n in zip(slots, committed):
@@ -221,12 +253,3 @@ class EagleProposer(NoProposer):
             tree = compile_tree(choices, "eagle")
             out.append((tree, np.array([tok[tuple(path)] for path in tree.choices], dtype=np.int64)))
         return out
-
-    def move(self, src: int, dst: int) -> None:
-        self.head.move(src, dst)
-        self.root_logits[dst], self.root_feat[dst] = self.root_logits[src], self.root_feat[src]
-        self.pending[dst], self.pending[src] = self.pending[src], []
-
-    def release(self, slot: int) -> None:
-        self.head.release(slot)
-        self.pending[slot] = []

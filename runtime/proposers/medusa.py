@@ -7,7 +7,7 @@ import numpy as np
 from ...contract import NP_DTYPES
 from ...engines.manifest import MedusaSpec
 from ...trees import Tree, TreeError
-from . import EMPTY, NoProposer, Proposal
+from . import EMPTY, Proposal
 
 
 def check_tree_fits(tree: Tree, spec: MedusaSpec) -> None:
@@ -23,38 +23,37 @@ def check_tree_fits(tree: Tree, spec: MedusaSpec) -> None:
                         f"{spec.vocab_size} tokens")
 
 
-class MedusaProposer(NoProposer):
+class MedusaProposer:
     """Deterministic tree candidates from the Medusa heads graph, for every row in ONE heads call.
 
-    Per slot it keeps the target's hidden state at the last accepted position (the one whose
+    A ``Proposer`` (runtime/proposers/__init__.py). Per request it keeps the target's hidden state at the last accepted position (the one whose
     logits produced the pending root token); ``propose`` runs the heads on those states and lays
     head d's top-k tokens on the depth-d nodes: node path (r1, .., rd) carries head d's rank-rd token.
     """
 
     name = "medusa"
-    tree = True
-    needs_hidden = True
+    tree, feature, runner, step_seconds = True, "hidden", None, None
     passes_name = "heads_passes"  # the stats key of ``passes``
 
-    def __init__(self, engine, spec: MedusaSpec, tree: Tree, max_batch: int):
+    def __init__(self, engine, spec: MedusaSpec, tree: Tree):
         check_tree_fits(tree, spec)
         self.engine = engine
         self.candidates = tree
         self.max_nodes = tree.size - 1
         self.tree_name, self.depth = tree.name, tree.depth
         self.dtype = NP_DTYPES[spec.dtype]
-        self.hidden = np.zeros((max_batch, spec.hidden_size), dtype=self.dtype)  # [slots, H]
+        self.hidden: dict[str, np.ndarray] = {}  # request id -> [H] the target's feature at its last accepted position
         self.passes = 0  # heads graph calls
         self._k = int(tree.topk.max())  # candidates taken from each head
 
     def start(self, row, hidden) -> None:
-        self.hidden[row.slot] = hidden[-1]
+        self.hidden[row.request.request_id] = hidden[-1].astype(self.dtype)
 
     def observe(self, row, new, hidden) -> None:
-        self.hidden[row.slot] = hidden[-1]
+        self.hidden[row.request.request_id] = hidden[-1].astype(self.dtype)
 
-    def move(self, src: int, dst: int) -> None:
-        self.hidden[dst] = self.hidden[src]
+    def finish(self, row) -> None:
+        self.hidden.pop(row.request.request_id, None)
 
     def propose(self, rows, ks) -> list[Proposal]:
         active = [b for b, k in enumerate(ks) if k > 0]
@@ -62,8 +61,8 @@ class MedusaProposer(NoProposer):
         if not active:
             return out
         tree = self.candidates
-        slots = [rows[b].slot for b in active]
-        logits = self.engine.run({"hidden": self.hidden[slots]})["medusa_logits"][:, : tree.depth]  # [A, D, V]
+        hidden = np.stack([self.hidden[rows[b].request.request_id] for b in active])  # [A, H]
+        logits = self.engine.run({"hidden": hidden})["medusa_logits"][:, : tree.depth]  # [A, D, V]
         top = np.argpartition(-logits, self._k - 1, axis=-1)[..., : self._k]  # [A, D, k] unordered
         order = np.argsort(-np.take_along_axis(logits, top, axis=-1), axis=-1, kind="stable")
         top = np.take_along_axis(top, order, axis=-1)  # [A, D, k] by descending logit

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import EMPTY, NoProposer, Proposal
+from . import EMPTY, Proposal
 
 
 def find_continuation(tokens: Sequence[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
@@ -63,22 +63,25 @@ class NGramIndex:
         return []
 
 
-class NGramProposer(NoProposer):
+class NGramProposer:
     """Prompt lookup: per row, what followed the latest earlier occurrence of the current suffix.
 
-    Deterministic (q is a point mass); no model cost. One ``NGramIndex`` per slot, extended with
-    the tokens each round emitted.
+    Deterministic (q is a point mass); no model cost. One ``NGramIndex`` per request, extended
+    with the tokens each round emitted. A ``Proposer`` (runtime/proposers/__init__.py).
     """
 
     name = "ngram"
+    depth = 0
+    tree, feature, runner, tree_name = False, None, None, None
+    passes, passes_name, step_seconds = 0, "proposer_passes", 0.0
 
-    def __init__(self, max_batch: int, max_n: int = 4, min_n: int = 1, max_gamma: int = 0):
+    def __init__(self, max_n: int = 4, min_n: int = 1, max_gamma: int = 0):
         self.max_n, self.min_n = max_n, min_n
-        self.index = [NGramIndex(max_n, min_n) for _ in range(max_batch)]  # per slot
         self.max_nodes = max_gamma
+        self.index: dict[str, NGramIndex] = {}  # request id -> its sequence's index
 
     def start(self, row, hidden) -> None:
-        self.index[row.slot] = NGramIndex(self.max_n, self.min_n)
+        self.index[row.request.request_id] = NGramIndex(self.max_n, self.min_n)
 
     def propose(self, rows, ks) -> list[Proposal]:
         out = []
@@ -86,10 +89,13 @@ class NGramProposer(NoProposer):
             if not k:
                 out.append(EMPTY)
                 continue
-            index = self.index[row.slot]
+            index = self.index[row.request.request_id]
             index.extend(row.seq[len(index.tokens):])
             out.append(Proposal(np.array(index.propose(k), np.int64)))
         return out
 
-    def move(self, src: int, dst: int) -> None:
-        self.index[dst] = self.index[src]
+    def observe(self, row, new, hidden) -> None:
+        pass
+
+    def finish(self, row) -> None:
+        self.index.pop(row.request.request_id, None)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import EMPTY, NoProposer, Proposal
+from . import EMPTY, Proposal
 
 
 class SuffixIndex:
@@ -103,36 +104,45 @@ def propose(local: SuffixIndex, shared: SuffixIndex | None, context: Sequence[in
     return out
 
 
-class SuffixProposer(NoProposer):
+@dataclass
+class SuffixState:
+    """What the proposer keeps about one request."""
+
+    local: SuffixIndex  # the request's own index (prompt + output so far)
+    seq: list  # the row's sequence (a live reference)
+    scope: str | None  # the request's cache scope: whose global cache it draws on and joins
+    indexed: int = 0  # tokens of ``seq`` counted in ``local``
+
+
+class SuffixProposer:
     """Suffix decoding for every row. One proposer per decode core, so the global cache spans the
     requests that core serves (one served model), one cache per ``cache_scope`` of the requests:
     `specrt serve` scopes each request to its API key, so no key's requests draw on another key's
-    outputs. Per slot: the row's own index, extended with what each round emitted."""
+    outputs. Per request: its own index, extended with what each round emitted; when it finishes,
+    its sequence joins its scope's global cache. A ``Proposer`` (runtime/proposers/__init__.py)."""
 
     name = "suffix"
+    depth = 0
+    tree, feature, runner, tree_name = False, None, None, None
+    passes, passes_name = 0, "proposer_passes"
 
-    def __init__(self, max_batch: int, max_gamma: int, depth: int = 24, factor: float = 1.0,
-                 min_prob: float = 0.1, cache_tokens: int = 1 << 16):
-        self.depth, self.factor, self.min_prob = depth, factor, min_prob
+    def __init__(self, max_gamma: int, context_depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
+                 cache_tokens: int = 1 << 16):
+        self.context_depth, self.factor, self.min_prob = context_depth, factor, min_prob  # longest context matched
         self.max_nodes = max_gamma
         self.cache_tokens = cache_tokens  # bound of each scope's global cache
         self.caches: dict[str | None, SuffixCache] = {}  # cache scope (API key) -> its global cache
-        self.local = [SuffixIndex(depth) for _ in range(max_batch)]  # per slot
-        self.seqs: list = [None] * max_batch  # per slot: the row's sequence (a live reference)
-        self.indexed = [0] * max_batch  # per slot: tokens of seqs[slot] counted in local[slot]
-        self.scopes: list = [None] * max_batch  # per slot: the row's cache scope
+        self.states: dict[str, SuffixState] = {}  # request id -> what is kept for it
         self.step_seconds = None  # EWMA seconds per proposed token
 
     def cache(self, scope: str | None = None) -> SuffixCache:
         """The global cache of ``scope`` (made on first use)."""
         if scope not in self.caches:
-            self.caches[scope] = SuffixCache(self.depth, self.cache_tokens)
+            self.caches[scope] = SuffixCache(self.context_depth, self.cache_tokens)
         return self.caches[scope]
 
     def start(self, row, hidden) -> None:
-        slot = row.slot
-        self.local[slot], self.seqs[slot], self.indexed[slot] = SuffixIndex(self.depth), row.seq, 0
-        self.scopes[slot] = row.request.cache_scope
+        self.states[row.request.request_id] = SuffixState(SuffixIndex(self.context_depth), row.seq, row.request.cache_scope)
 
     def propose(self, rows, ks) -> list[Proposal]:
         t0, out, proposed = time.perf_counter(), [], 0
@@ -140,10 +150,10 @@ class SuffixProposer(NoProposer):
             if not k:
                 out.append(EMPTY)
                 continue
-            local, seq = self.local[row.slot], row.seq
-            local.add(seq, self.indexed[row.slot], len(seq))
-            self.indexed[row.slot] = len(seq)
-            tokens = propose(local, self.cache(self.scopes[row.slot]).index, seq, k, self.factor, self.min_prob)
+            state, seq = self.states[row.request.request_id], row.seq
+            state.local.add(seq, state.indexed, len(seq))
+            state.indexed = len(seq)
+            tokens = propose(state.local, self.cache(state.scope).index, seq, k, self.factor, self.min_prob)
             proposed += max(1, len(tokens))
             out.append(Proposal(np.array(tokens, np.int64)))
         if proposed:
@@ -151,15 +161,11 @@ class SuffixProposer(NoProposer):
             self.step_seconds = dt if self.step_seconds is None else 0.8 * self.step_seconds + 0.2 * dt
         return out
 
-    def move(self, src: int, dst: int) -> None:
-        """The row in ``dst`` left (the core moves its last row into the hole): it joins its scope's global cache."""
-        self.release(dst)
-        self.local[dst], self.seqs[dst], self.indexed[dst] = self.local[src], self.seqs[src], self.indexed[src]
-        self.scopes[dst] = self.scopes[src]
-        self.seqs[src], self.local[src], self.indexed[src], self.scopes[src] = None, SuffixIndex(self.depth), 0, None
+    def observe(self, row, new, hidden) -> None:
+        pass
 
-    def release(self, slot: int) -> None:
+    def finish(self, row) -> None:
         """The sequence left (finished or cancelled): it joins its scope's global cache."""
-        if self.seqs[slot] is not None:
-            self.cache(self.scopes[slot]).add(self.seqs[slot])
-        self.seqs[slot], self.local[slot], self.indexed[slot], self.scopes[slot] = None, SuffixIndex(self.depth), 0, None
+        state = self.states.pop(row.request.request_id, None)
+        if state is not None:
+            self.cache(state.scope).add(state.seq)

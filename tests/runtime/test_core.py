@@ -61,7 +61,7 @@ def synthetic_costs(policy: SpeculationPolicy, c: float, ratio) -> SpeculationPo
 
 def batch1_core(rt, proposer=None, gamma=None, c=0.05, ratio=lambda g: 1.0 + 0.1 * g) -> DecodeCore:
     """A batch-1 decode core with synthetic costs (the timings of this machine play no part)."""
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="draft", gamma=gamma, calibrate=False, probe_every=8),
+    core = rt.new_core(CoreConfig(max_batch=1, method="draft", gamma=gamma, calibrate=False, probe_every=8),
                       proposer=proposer)
     synthetic_costs(core.policy, c, ratio)
     return core

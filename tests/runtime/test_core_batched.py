@@ -24,7 +24,7 @@ def rt(request, llama_engine, llama_fused_engine):
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 4), ("draft", None), ("ngram", 3),
                                           ("ngram", None)])
 def test_greedy_rows_equal_runtime(rt, method, gamma):
-    gen = DecodeCore(rt, CoreConfig(max_batch=3, method=method, gamma=gamma))
+    gen = rt.new_core(CoreConfig(max_batch=3, method=method, gamma=gamma))
     stops = [(), (), ("e",), (), (), (), ()]  # a stop string ...
     stop_ids = [(), (), (), (), (), (), (4,)]  # ... and a stop id on some rows
     params = [SamplingParams(max_new_tokens=m, stop=s, stop_token_ids=i) for m, s, i in zip(MAX_NEW, stops, stop_ids)]
@@ -42,7 +42,7 @@ def test_greedy_rows_equal_runtime(rt, method, gamma):
 @pytest.mark.parametrize("method,gamma", [("none", None), ("draft", 3), ("ngram", 2)])
 def test_seeded_sampled_rows_equal_runtime_at_fixed_gamma(rt, method, gamma):
     """Per row: the same random stream, draft q and rejection rule as batch 1, whatever the batch."""
-    gen = DecodeCore(rt, CoreConfig(max_batch=4, method=method, gamma=gamma))
+    gen = rt.new_core(CoreConfig(max_batch=4, method=method, gamma=gamma))
     params = [SamplingParams(temperature=1.0, top_k=8 if i % 2 else 0, seed=100 + i, max_new_tokens=m)
               for i, m in enumerate(MAX_NEW)]
     done = run_all(gen, requests_for(zip(PROMPTS, params)))
@@ -63,7 +63,7 @@ def test_each_row_of_a_mixed_batch_sees_exactly_its_own_sequence(rt, build_engin
     if arch == "gpt2":
         rt = specrt.load(build_engine("batch-gpt2", dict(arch="gpt2", seed=0, scale=30.0),
                                       dict(arch="gpt2", seed=1, hidden=16, layers=1, scale=30.0)))
-    gen = DecodeCore(rt, CoreConfig(max_batch=4, method="draft", gamma=4))
+    gen = rt.new_core(CoreConfig(max_batch=4, method="draft", gamma=4))
     for i, prompt in enumerate([PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[4]]):
         gen.add(SequenceRequest(f"r{i}", prompt, SamplingParams(temperature=1.0, seed=i, max_new_tokens=40)))
     for _ in range(4):
@@ -79,7 +79,7 @@ def test_each_row_of_a_mixed_batch_sees_exactly_its_own_sequence(rt, build_engin
 
 
 def test_remove_frees_slot_and_others_continue(rt):
-    gen = DecodeCore(rt, CoreConfig(max_batch=3, method="draft", gamma=2))
+    gen = rt.new_core(CoreConfig(max_batch=3, method="draft", gamma=2))
     out = {f"r{i}": [] for i in range(4)}
 
     def take(update):
@@ -103,7 +103,7 @@ def test_remove_frees_slot_and_others_continue(rt):
 
 def test_new_sequences_start_from_the_served_acceptance(rt):
     """A new sequence's α prior is the recent α over all sequences, not a fixed guess."""
-    gen = DecodeCore(rt, CoreConfig(max_batch=2, method="draft", gamma=4))
+    gen = rt.new_core(CoreConfig(max_batch=2, method="draft", gamma=4))
     gen.add(SequenceRequest("a", PROMPTS[1], SamplingParams(max_new_tokens=40)))
     for _ in range(5):
         gen.step()
@@ -115,17 +115,17 @@ def test_new_sequences_start_from_the_served_acceptance(rt):
 
 def test_generator_rejects_bad_config(rt):
     with pytest.raises(SamplingError, match="unknown method"):
-        DecodeCore(rt, CoreConfig(method="medusa-ish"))
+        rt.new_core(CoreConfig(method="medusa-ish"))
     with pytest.raises(SamplingError, match="needs an engine dir exported with --medusa"):
-        DecodeCore(rt, CoreConfig(method="medusa"))
+        rt.new_core(CoreConfig(method="medusa"))
     with pytest.raises(SamplingError, match="gamma"):
-        DecodeCore(rt, CoreConfig(method="draft", gamma=99))
+        rt.new_core(CoreConfig(method="draft", gamma=99))
     with pytest.raises(ValueError, match="max_batch"):
-        DecodeCore(rt, CoreConfig(max_batch=0))
+        rt.new_core(CoreConfig(max_batch=0))
 
 
 def test_calibration_measures_the_batch_curve(rt):
-    gen = DecodeCore(rt, CoreConfig(max_batch=3, method="draft"))
+    gen = rt.new_core(CoreConfig(max_batch=3, method="draft"))
     g = rt.gamma_max
     assert set(gen.policy.target_curve.points) == {*range(1, g + 2), *(b * q for b in (2, 3) for q in (1, g + 1))}
     assert set(gen.policy.draft_curve.points) == {1, 2, 3}

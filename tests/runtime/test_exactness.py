@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.export.onnx_export import load_hf
+from specrt.export.hf_checkpoint import load_hf
 from specrt.runtime import verify
 from specrt.runtime.sampling import sample
 from stat_harness import P_MIN, exact_joint, graph_logits, p_values, run_trials, run_trials_batched

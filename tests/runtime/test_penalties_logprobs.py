@@ -4,7 +4,7 @@ import pytest
 
 import specrt
 from reference import fresh_logits, reference_penalize
-from specrt.export.onnx_export import load_hf
+from specrt.export.hf_checkpoint import load_hf
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.proposers import Proposal
 from specrt.runtime.sampling import SamplingError, SamplingParams, log_probs, penalize, probs
@@ -129,7 +129,7 @@ def test_logprobs_off_by_default(engine):
 def test_group_shares_one_prefill_and_each_equals_batch1(engine, method):
     rt = specrt.load(engine)
     params = [SamplingParams(temperature=1.0, top_k=8, seed=10 + i, max_new_tokens=8 + i) for i in range(3)]
-    core = DecodeCore(rt, CoreConfig(max_batch=4, method=method, gamma=None if method == "none" else 2,
+    core = rt.new_core(CoreConfig(max_batch=4, method=method, gamma=None if method == "none" else 2,
                                      calibrate=False))
     calls = core.target.calls
     first = core.add_group([SequenceRequest(f"c{i}", PROMPT, p) for i, p in enumerate(params)])

@@ -135,7 +135,7 @@ def test_ctrl_c_exits_130_with_a_summary(llama_engine, monkeypatch, capsys):
                 yield next(inner)
                 raise KeyboardInterrupt
 
-            gen._events = events()
+            gen.events = events()
             return gen
 
     monkeypatch.setattr(generate_module, "load_runtime", lambda d, **kw: Interrupted(specrt.load(d)))

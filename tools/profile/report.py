@@ -152,7 +152,7 @@ def onnx_operator_profile(rt, cfg: ProfileConfig, out: Path, threads: int | None
     shape; the trace (Chrome trace JSON) is kept in ``out`` and its kernel times summed by operator.
     """
     from ...engines.ort import OrtEngine
-    from ...runtime.runner import HostRunner
+    from ...runtime.api import runner_for_graph
 
     out.mkdir(parents=True, exist_ok=True)
     past, _ = timing_past_len(rt, cfg)
@@ -162,7 +162,7 @@ def onnx_operator_profile(rt, cfg: ProfileConfig, out: Path, threads: int | None
         serving = getattr(model.engine, "session", None)  # the runtime's own session: same providers
         engine = OrtEngine(rt.manifest.root / model.spec.file, threads=threads, profile_prefix=str(out / role),
                            providers=serving.get_providers() if serving else None)
-        runner = HostRunner.for_graph(engine, model.spec, rt.manifest.max_len)
+        runner = runner_for_graph(engine, model.spec, rt.manifest.max_len)
         for shape, q in model.spec.shapes.items():
             p = 0 if shape == "prefill" else min(past, rt.manifest.max_len - int(q))
             time_forward(runner, 1, int(q), p, rng, 0, cfg.repeats, shape.startswith("tree"),

@@ -2,7 +2,7 @@
 through the C ABI), and a build with a deliberately wrong rule fails the same harness."""
 import pytest
 
-from specrt.export.onnx_export import load_hf
+from specrt.export.hf_checkpoint import load_hf
 from specrt.tools.libspecrt import CppEngine, library_path, load_library
 from stat_harness import P_MIN, exact_joint, p_values, run_trials
 

@@ -3,7 +3,7 @@
 import pytest
 
 import specrt
-from specrt.export.onnx_export import load_hf
+from specrt.export.hf_checkpoint import load_hf
 
 
 @pytest.fixture(scope="module")

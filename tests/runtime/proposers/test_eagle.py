@@ -280,11 +280,11 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
 
     t = rt.eagle_tree
     logits, feats = fresh_runner(rt.target).prefill(0, PROMPT)
-    row = SimpleNamespace(slot=0, seq=PROMPT + [int(logits.argmax())])
+    row = SimpleNamespace(slot=0, seq=PROMPT + [int(logits.argmax())], request=SimpleNamespace(request_id="r"))
     proposer = rt.proposer("eagle", 1)
     proposer.start(row, feats)
-    proposer._catch_up(0)
-    root_feat = proposer.root_feat[0].copy()
+    proposer._catch_up(row)
+    root_feat = proposer.states["r"].root_feat.copy()
     expanded, real = [], eagle_module.dynamic_trees
 
     def spy(root_logps, expand, *args):
@@ -295,8 +295,8 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
         return real(root_logps, recording, *args)
 
     monkeypatch.setattr(eagle_module, "dynamic_trees", spy)
-    proposer.draft([0])
-    assert proposer.head.lengths[0] == len(row.seq) - 1  # draft rows dropped
+    proposer.draft([row])
+    assert proposer.runner.lengths[0] == len(row.seq) - 1  # draft rows dropped
     assert len(expanded) == (t["depth"] - 1) * t["topk"] and max(len(n.path) for n, _ in expanded) == t["depth"] - 1
     for node, logp in expanded:
         path, a = [], node
@@ -305,13 +305,13 @@ def test_draft_rows_equal_a_chain_over_each_path(rt, monkeypatch):
             a = a.parent
         fresh = rt.proposer("eagle", 1)
         fresh.start(row, feats)
-        fresh._catch_up(0)
+        fresh._catch_up(row)
         f = root_feat
         for n in reversed(path):  # depth 1 .. node: one causal head row each
-            fresh._chain(0, [n.tokens[-1]], f[None])
-            f = fresh.root_feat[0]
+            fresh._chain(row, [n.tokens[-1]], f[None])
+            f = fresh.states["r"].root_feat
         assert np.abs(f - node.feat).max() < 1e-4
-        assert np.abs(log_softmax(fresh.root_logits[0]) - logp).max() < 1e-4
+        assert np.abs(log_softmax(fresh.states["r"].root_logits) - logp).max() < 1e-4
 
 
 # ---- batched through the decode core ---------------------------------------------------------------
@@ -341,12 +341,15 @@ def test_lockstep_drafting_equals_drafting_each_row_alone(rt):
     """Rows of different lengths draft their trees together (one head call per depth for all rows):
     each row gets the tree it gets alone."""
     proposer = rt.proposer("eagle", 2)
+    rows = []
     for slot, prompt in enumerate((PROMPT, LONG)):
         logits, feats = fresh_runner(rt.target).prefill(0, prompt)
-        proposer.start(SimpleNamespace(slot=slot, seq=prompt + [int(logits.argmax())]), feats)
-        proposer._catch_up(slot)
+        rows.append(SimpleNamespace(slot=slot, seq=prompt + [int(logits.argmax())],
+                                    request=SimpleNamespace(request_id=f"r{slot}")))
+        proposer.start(rows[-1], feats)
+        proposer._catch_up(rows[-1])
     passes = proposer.passes
-    together = proposer.draft([0, 1])
+    together = proposer.draft(rows)
     assert proposer.passes - passes == rt.eagle_tree["depth"] - 1  # one call per depth, not per row
-    for (tree, tokens), alone in zip(together, (proposer.draft([0])[0], proposer.draft([1])[0])):
+    for (tree, tokens), alone in zip(together, (proposer.draft([rows[0]])[0], proposer.draft([rows[1]])[0])):
         assert tree.choices == alone[0].choices and np.array_equal(tokens, alone[1])

@@ -140,7 +140,7 @@ class OracleOffLeftProposer(NoProposer):
     so greedy verification accepts a non-leftmost path. Records the hidden state it is given."""
 
     tree = True
-    needs_hidden = True
+    feature = "hidden"
     tree_name, passes_name = "oracle", "heads_passes"
 
     def __init__(self, target, tree):
@@ -168,7 +168,7 @@ class OracleOffLeftProposer(NoProposer):
 
 
 def medusa_core(rt, proposer) -> DecodeCore:
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", gamma=1, calibrate=False), proposer=proposer)
+    core = rt.new_core(CoreConfig(max_batch=1, method="medusa", gamma=1, calibrate=False), proposer=proposer)
     return core
 
 
@@ -193,7 +193,7 @@ def test_kv_compaction_after_a_non_leftmost_path(rt):
 
 
 def test_kv_matches_fresh_recompute_after_sampled_rounds(rt):
-    core = medusa_core(rt, MedusaProposer(rt.medusa, rt.manifest.medusa, compile_tree(TREE), 1))
+    core = medusa_core(rt, MedusaProposer(rt.medusa, rt.manifest.medusa, compile_tree(TREE)))
     core.add(SequenceRequest("r", PROMPT, SamplingParams(temperature=1.0, seed=1, max_new_tokens=100)))
     row = core.rows[0]
     for _ in range(4):
@@ -311,7 +311,7 @@ def test_the_policy_turns_the_tree_on_and_off(rt, tree_cost):
     """gamma None: the batch-aware policy decides per step whether the tree pays (here: synthetic costs of
     T(1) = 1 and T(12) = tree_cost). Off, the rows decode plainly, with a probe tree every probe_every
     steps; on, a tree every step. Either way greedy output equals plain decoding."""
-    core = DecodeCore(rt, CoreConfig(max_batch=1, method="medusa", calibrate=False, probe_every=4))
+    core = rt.new_core(CoreConfig(max_batch=1, method="medusa", calibrate=False, probe_every=4))
     core.policy.record_target(1, 1, 1.0)
     core.policy.record_target(1, 12, tree_cost)
     core.add(SequenceRequest("r", PROMPT, SamplingParams(max_new_tokens=12)))  # a tree always fits max_len 32

@@ -76,7 +76,7 @@ def test_global_cache_is_per_scope(engine):
     from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
     from specrt.runtime.sampling import SamplingParams
 
-    core = DecodeCore(specrt.load(engine), CoreConfig(max_batch=2, method="suffix", gamma=3, calibrate=False))
+    core = specrt.load(engine).new_core(CoreConfig(max_batch=2, method="suffix", gamma=3, calibrate=False))
 
     def run(scope: str, i: int) -> dict:
         update = core.add(SequenceRequest(f"r{i}", [3, 1, 4, 1, 5], SamplingParams(max_new_tokens=24), scope))
