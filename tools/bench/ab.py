@@ -24,7 +24,7 @@ import numpy as np
 
 from . import checkout_env
 
-METHODS = {"none": "draft", "draft": "draft", "ngram": "draft", "medusa": "medusa", "eagle": "eagle"}  # -> engine
+METHODS = {"none": "draft", "draft": "draft", "ngram": "draft", "suffix": "draft", "medusa": "medusa", "eagle": "eagle"}  # -> engine
 
 WORKER = r'''
 import json, sys, time
