@@ -13,7 +13,8 @@ from ..engines.manifest import check_vocab
 from .errors import ExportError
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # copied to an engine dir
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")  # copied to an engine dir (transformers 5 saves the chat template apart)
 
 
 def load_hf(model_dir: str | Path, dtype: str = "fp32"):

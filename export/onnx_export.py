@@ -29,6 +29,7 @@ from ..engines.ort import OrtEngine
 from ..engines.wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
 from .eagle_export import check_eagle_tree, eagle_target_config, export_eagle
 from .errors import ExportError
+from .gguf import hf_dir_from_gguf, is_gguf, source_of
 from .hf_checkpoint import (TORCH_DTYPES, check_checkpoint_architecture, check_draft_vocab, copy_tokenizer, eos_ids,
                             load_hf, vocab_sha256)
 from .medusa_export import check_medusa, export_medusa, medusa_target_config
@@ -266,12 +267,14 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
     """
     cfg = cfg or ExportConfig()
     check_config(cfg)
-    target_dir, final = Path(target_dir), Path(out_dir)
+    final = Path(out_dir)
+    if final.exists() and (not final.is_dir() or any(final.iterdir())) and not force:
+        raise ExportError(f"{final} exists and is not empty: pass --force (force=True) to replace it whole")
+    target_dir = checkpoint_dir(target_dir, log)
+    draft_dir = checkpoint_dir(draft_dir, log) if draft_dir else None
     tok_src = target_dir / "tokenizer.json"
     if not tok_src.is_file():
         raise ExportError(f"{target_dir} has no tokenizer.json (a fast HF tokenizer is required)")
-    if final.exists() and (not final.is_dir() or any(final.iterdir())) and not force:
-        raise ExportError(f"{final} exists and is not empty: pass --force (force=True) to replace it whole")
     for src in (target_dir, *([Path(draft_dir)] if draft_dir else [])):  # the cheap checks, before any graph
         check_checkpoint_architecture(src)
     if draft_dir:
@@ -286,6 +289,16 @@ def export_engine(target_dir, out_dir, draft_dir=None, cfg: ExportConfig | None 
         raise
     _replace_dir(final, out)
     return final
+
+
+def checkpoint_dir(path, log) -> Path:
+    """The HF dir of a checkpoint: ``path`` itself, or for a GGUF file the dir it converts to (export/gguf.py)."""
+    path = Path(path)
+    if is_gguf(path):
+        return hf_dir_from_gguf(path, log=log)
+    if path.is_file():
+        raise ExportError(f"{path} is a file but not a GGUF file: pass a Hugging Face model dir or a .gguf file")
+    return path
 
 
 def check_config(cfg: ExportConfig) -> None:
@@ -407,7 +420,9 @@ def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Hea
         if heads.tree_verify_size() is not None:
             shapes["tree_verify"] = heads.tree_verify_size()
     log_graph_summary(log, role, entry)
-    return {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve())}, eos_ids(src, model)
+    checkpoint = source_of(src)  # a converted GGUF file: what it was
+    return {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve()),
+            **({"checkpoint": checkpoint} if checkpoint else {})}, eos_ids(src, model)
 
 
 def log_graph_summary(log, role: str, entry: dict) -> None:

@@ -1,5 +1,6 @@
-"""Chat templates: the tokenizer config's ``chat_template`` (Jinja, rendered as HF transformers does), used by
-`specrt serve` (/v1/chat/completions) and `specrt generate --chat`. Needs jinja2."""
+"""Chat templates: the tokenizer's ``chat_template.jinja`` (transformers 5 writes it apart) or its config's
+``chat_template`` (Jinja, rendered as HF transformers does), used by `specrt serve` (/v1/chat/completions)
+and `specrt generate --chat`. Needs jinja2."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ class ChatTemplate:
         path = Path(tokenizer_dir) / "tokenizer_config.json" if tokenizer_dir else None
         if path is not None and path.is_file():
             config = json.loads(path.read_text())
-        source = config.get("chat_template")
+        jinja = Path(tokenizer_dir) / "chat_template.jinja" if tokenizer_dir else None
+        source = jinja.read_text() if jinja is not None and jinja.is_file() else config.get("chat_template")
         if isinstance(source, list):  # [{"name": ..., "template": ...}]: use "default"
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
         self.is_default = not source  # no template in the tokenizer config

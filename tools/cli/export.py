@@ -1,13 +1,15 @@
-"""`specrt export`: local HF checkpoints -> engine dir."""
+"""`specrt export`: local HF checkpoints (or GGUF files) -> engine dir."""
 from __future__ import annotations
 
 import click
 
 
 @click.command()
-@click.option("--target", "target", required=True, type=click.Path(exists=True, file_okay=False),
-              help="Local HF checkpoint dir of the target model.")
-@click.option("--draft", type=click.Path(exists=True, file_okay=False), help="Local HF checkpoint dir of a draft model.")
+@click.option("--target", "target", required=True, type=click.Path(exists=True),
+              help="The target model: a local HF checkpoint dir, or a GGUF file (llama.cpp / Ollama; read through "
+                   "transformers, weights dequantized, then quantized again as --quantize says).")
+@click.option("--draft", type=click.Path(exists=True),
+              help="A draft model: a local HF checkpoint dir or a GGUF file.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Engine dir to write.")
 @click.option("--force", is_flag=True, help="Replace an existing engine dir at --out (whole; it is never mixed).")
 @click.option("--verbose", is_flag=True, help="Show the tracer's warnings and transformers' loading bars.")
