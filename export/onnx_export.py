@@ -1,8 +1,9 @@
 """Export local HF checkpoints to an engine dir: ONNX graphs, tokenizer, manifest.json.
 
-Every exported graph is run in ONNX Runtime against PyTorch on random inputs for each fixed
-shape (decode, chain verify, prefill, and a tree mask); the export fails if the largest
-absolute logits difference exceeds the tolerance for its dtype (``TOLERANCE``).
+Every exported graph is run in ONNX Runtime against PyTorch on a calibration text (prefill chunks,
+then decode steps) and on random inputs for each fixed shape (decode, chain verify, prefill, and a
+tree mask); the export fails when KL, top-1 agreement or the relative difference exceed the bounds
+of export/parity.py (a quantized graph: KL and top-1 on the calibration text, against the fp32 model).
 
 ``export_engine`` is the driver: the checks, then the target (and draft) graphs made here, the heads'
 graphs (export/medusa_export.py, export/eagle_export.py) and the manifest, all written atomically.
@@ -33,9 +34,8 @@ from .gguf import hf_dir_from_gguf, is_gguf, source_of
 from .hf_checkpoint import (TORCH_DTYPES, check_checkpoint_architecture, check_draft_vocab, copy_tokenizer, eos_ids,
                             load_hf, vocab_sha256)
 from .medusa_export import check_medusa, export_medusa, medusa_target_config
-
-# Max |logits_ort - logits_torch| allowed at export, per dtype (logits of trained models are O(10)).
-TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}
+from .windows import layer_windows
+from . import parity
 EXTERNAL_DATA_BYTES = 1 << 30  # models above 1 GiB store weights as external data (protobuf limit is 2 GiB)
 
 
@@ -55,6 +55,7 @@ class ExportConfig:
     graph: str = "auto"  # "fused" (ORT fused ops, KV written in place) | "traced" (torch.onnx) | "auto": fused if possible
     quantize: str | None = None  # MatMul weights: None (as dtype) | "int8" | "int4" (export/quantize.py)
     draft_quantize: str | None = "same"  # the draft's quantization: "same" (as quantize) | None | "int8" | "int4"
+    parity_bounds: str | None = None  # override export/parity.py's BOUNDS: "off" | "kl_mean=..,top1=..,..." (recorded)
 
 
 
@@ -105,44 +106,6 @@ def parity_cases(wrapper, geo, cfg: ExportConfig) -> dict:
     return out
 
 
-def check_parity(run, cases: dict, geo, dtype: str, tolerance: float) -> dict:
-    """Max |ORT - torch| on logits, new K/V (and hidden) per case; raises ExportError above ``tolerance``.
-
-    run(feeds) -> the traced graph's outputs in order (logits, new K/V..., hidden) as numpy arrays.
-    """
-    report = {}
-    for name, (feeds, ref) in cases.items():
-        got = run(feeds)
-        diffs = [float(np.abs(g.astype(np.float32) - r).max()) for g, r in zip(got, ref)]
-        report[name] = {"logits": diffs[0], "kv": max(diffs[1:1 + 2 * geo.num_layers])}
-        if len(ref) > 1 + 2 * geo.num_layers:  # the feature outputs (hidden, aux_hidden)
-            report[name]["hidden"] = max(diffs[1 + 2 * geo.num_layers:])
-        report[name]["argmax_agreement"] = float((got[0].argmax(-1) == ref[0].argmax(-1)).mean())
-        worst = max(v for k, v in report[name].items() if k != "argmax_agreement")
-        if worst > tolerance:
-            raise ExportError(f"parity check failed for shape {name!r} (Q={feeds[0].shape[1]}): max |ORT - torch| "
-                              f"logits {diffs[0]:.2e}, K/V {report[name]['kv']:.2e} > tolerance "
-                              f"{tolerance:.0e} ({dtype})")
-    return report
-
-
-def sliding_window(config, max_len: int) -> int | None:
-    """The window every layer attends within (HF: key k visible to query q iff pos_k > pos_q - window), or
-    None when no window can bite within ``max_len`` tokens; ExportError for a window that bites on some
-    layers only (the runtime builds one mask for every layer)."""
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "use_sliding_window", True) is False or window >= max_len:
-        return None
-    kinds = set(getattr(config, "layer_types", None) or ["sliding_attention"])
-    if "sliding_attention" not in kinds:
-        return None
-    if kinds != {"sliding_attention"}:
-        raise ExportError(f"sliding-window attention (window {window} < --max-len {max_len}) on some layers only "
-                          f"(layer_types {sorted(kinds)}) is not supported: the runtime builds one mask for "
-                          f"every layer; export with --max-len {window} or less")
-    return int(window)
-
-
 def choose_kv_layout(model, cfg: ExportConfig) -> str:
     """The graph to build: "in_place" (the fused graph) where the model has one, else "time_major" (traced)."""
     from .fused_graph import fused_unsupported
@@ -163,9 +126,10 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
 
     geo = geometry(model)
     wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden, aux_layers=cfg.aux_layers)
-    window = sliding_window(model.config, cfg.max_len)
+    windows = layer_windows(model.config, cfg.max_len)
     layout = choose_kv_layout(model, cfg)
-    cases = parity_cases(wrapper, geo, cfg)
+    cases = parity_cases(wrapper, geo, cfg)  # the references, before tracing
+    calibration = parity.calibration_case(model, geo.vocab_size, cfg.max_len)  # windows apply in the graph
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     big = n_bytes > EXTERNAL_DATA_BYTES
     t0 = time.time()
@@ -184,25 +148,30 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
         return lambda feeds: [engine.run({n: t.numpy() for n, t in zip(engine.input_names, feeds)})[n]
                               for n in engine.output_names]
 
-    report = check_parity(run(OrtEngine(path)), cases, geo, cfg.dtype, TOLERANCE[cfg.dtype])
+    def check(scheme):
+        return parity.check(run(OrtEngine(path)), cases, calibration, geo, cfg.dtype, cfg.prefill_chunk, scheme,
+                            cfg.parity_bounds)
+
+    report, absolute = check(cfg.dtype)
     entry = {}
     if cfg.quantize:
-        from .quantize import QUANT_TOLERANCE, QuantizeError, quantize_graph
+        from .quantize import QuantizeError, quantize_graph
 
         try:
             entry["quantization"] = quantize_graph(path, cfg.quantize, external_data=big)
         except QuantizeError as e:
             raise ExportError(str(e)) from None
-        # against the fp32 model: the quantized model is a (slightly) different one
-        report = check_parity(run(OrtEngine(path)), cases, geo, cfg.quantize, QUANT_TOLERANCE[cfg.quantize])
+        # against the unquantized torch model: the quantized model is a (slightly) different one
+        unquantized = report
+        report, absolute = check(cfg.quantize)
+        report["unquantized"] = {k: unquantized[k] for k in ("scheme", "cases", "bounds")}
     in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden, cfg.aux_layers)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
             **({"aux_hidden_layers": list(cfg.aux_layers)} if cfg.aux_layers else {}),
             "kv_layout": layout, "quantize": cfg.quantize, **entry,
-            **({"sliding_window": window} if window is not None else {}),
+            **({"windows": windows} if windows else {}),
             "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
-            "export_seconds": round(seconds, 1), "parity_max_abs_diff": report,
-            "tolerance": QUANT_TOLERANCE[cfg.quantize] if cfg.quantize else TOLERANCE[cfg.dtype]}
+            "export_seconds": round(seconds, 1), "parity": report, "parity_max_abs_diff": absolute}
 
 
 def trace_graph(wrapper, geo, path: Path, cfg: ExportConfig, big: bool) -> None:
@@ -311,6 +280,7 @@ def check_config(cfg: ExportConfig) -> None:
     if cfg.quantize not in (None, "int8", "int4") or cfg.draft_quantize not in ("same", None, "int8", "int4"):
         raise ExportError(f"invalid export config: quantize={cfg.quantize!r}, draft_quantize={cfg.draft_quantize!r} "
                           "(int8|int4|None; the draft's may also be 'same')")
+    parity.parse_override(cfg.parity_bounds)
 
 
 def _replace_dir(final: Path, out: Path) -> None:
@@ -426,13 +396,11 @@ def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Hea
 
 
 def log_graph_summary(log, role: str, entry: dict) -> None:
-    """One line: the graph's size and kind, its export time, and its parity per shape."""
-    p = entry["parity_max_abs_diff"]
+    """One line: the graph's size and kind, its export time, and its parity (export/parity.summary)."""
     graph = ("fused" if entry["kv_layout"] == "in_place" else "traced") + (
         f", {entry['quantize']}" if entry["quantize"] else "")
     log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, {graph} graph, exported in {entry['export_seconds']} s; "
-        "max |ORT - torch" + (" fp32" if entry["quantize"] else "") + "| logits " + ", ".join(f"{k} {v['logits']:.1e}" for k, v in p.items()) +
-        f" (tolerance {entry['tolerance']:.0e})")
+        + parity.summary(entry["parity"]))
 
 
 def write_manifest(out: Path, cfg: ExportConfig, target_vocab: str, eos: list[int], models: dict,

@@ -44,11 +44,15 @@ import click
 @click.option("--torch-weights", is_flag=True,
               help="Also save the HF weights (safetensors) to OUT/torch/<role>/: what the torch backend runs.")
 @click.option("--trt", "trt", is_flag=True, help="Also build a TensorRT plan per graph (needs tensorrt and a GPU).")
+@click.option("--parity-bounds", metavar="off|KEY=VALUE,...",
+              help="Override the parity bounds (docs/export.md, Parity): 'off' (measure and record only) or "
+                   "some of kl_mean, kl_max, top1, rel, e.g. 'kl_mean=0.8,top1=0.7' ('none' lifts one). "
+                   "Prints a warning; the manifest records the override.")
 @click.option("--trt-precision", default="fp16", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
               help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
 def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, quantize, draft_quantize, prefill_chunk,
            medusa_dir, tree, torch_weights, trt, trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5,
-           eagle_topk=8):
+           eagle_topk=8, parity_bounds=None):
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json.
 
     The engine dir appears at --out only when every graph passed its parity check."""
@@ -74,7 +78,17 @@ def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, qua
     none = {"none": None}
     cfg = ExportConfig(gamma=gamma, max_len=max_len, dtype=dtype, prefill_chunk=prefill_chunk,
                        torch_weights=torch_weights, graph="traced" if trt else graph,
-                       quantize=none.get(quantize, quantize), draft_quantize=none.get(draft_quantize, draft_quantize))
+                       quantize=none.get(quantize, quantize), draft_quantize=none.get(draft_quantize, draft_quantize),
+                       parity_bounds=parity_bounds)
+    if parity_bounds is not None:
+        from ...export.parity import parse_override
+
+        try:
+            parse_override(parity_bounds)
+        except ExportError as e:
+            raise click.ClickException(str(e))
+        click.echo(f"WARNING: --parity-bounds {parity_bounds}: the export's parity bounds are overridden; the "
+                   "engine dir's manifest records it (models.<role>.parity.override)", err=True)
     try:
         medusa = dict(medusa_dir=medusa_dir, tree=load_tree(tree)) if medusa_dir else {}
         if eagle_dir:
