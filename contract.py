@@ -2,7 +2,8 @@
 the one builder of attention masks and positions (see docs/engine-format.md).
 
 Every decoder graph takes ``input_ids`` [B, Q], ``position_ids`` [B, Q], an additive
-``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked) and the past K/V and
+``attention_mask`` [B, 1, Q, P+Q] (0 = attend, MASK_MIN = masked; the full causal / tree / batch mask:
+a model's sliding windows are applied by the graph itself, by ``window_hides``) and the past K/V and
 returns ``logits`` [B, Q, V] and, for graphs exported with hidden states, ``hidden`` [B, Q, H]
 (the last hidden state, after the final norm) and/or ``aux_hidden`` [B, Q, k·H] (the hidden states
 entering the k decoder layers listed in the manifest's ``aux_hidden_layers``, concatenated in that
@@ -112,9 +113,21 @@ def _causal(q: int, dtype: str) -> np.ndarray:
     return block
 
 
+def window_hides(key_pos, query_pos, window: int):
+    """HF's sliding-window rule, the one copy in Python (numpy arrays and torch tensors alike): key k is
+    visible to query q iff pos_k > pos_q - window. Returns bool [..., Q, K], True where the key is hidden.
+
+    key_pos [..., K] and query_pos [..., Q] are positions (same leading dims). Example, window 3, a
+    query at position 5 over keys at 0..5: ``window_hides(np.arange(6), np.array([5]), 3)`` ->
+    ``[[True, True, True, False, False, False]]`` (it sees itself and the 2 keys before it).
+    """
+    return key_pos[..., None, :] <= query_pos[..., :, None] - window
+
+
 def apply_sliding_window(mask: np.ndarray, positions: np.ndarray, window: int) -> np.ndarray:
-    """Mask, in place, every key ``window`` or more positions before its query (HF's sliding window:
-    key k is visible to query q iff pos_k > pos_q - window) in a time-major call's mask [R, 1, Q, P+Q].
+    """Mask, in place, every key ``window`` or more positions before its query (``window_hides``) in a
+    time-major call's mask [R, 1, Q, P+Q]: what a runtime does for an engine dir of a uniform
+    ``sliding_window`` (graphs exported since per-layer windows apply their windows themselves).
 
     positions: int [R, Q] of the new tokens; past column t of every row holds position t (a row's
     cache holds its positions 0..length-1 in order, also after a tree commit).
@@ -123,6 +136,5 @@ def apply_sliding_window(mask: np.ndarray, positions: np.ndarray, window: int) -
     key_pos = np.empty((r, total), dtype=np.int64)  # [R, P+Q]
     key_pos[:, : total - q] = np.arange(total - q)
     key_pos[:, total - q :] = positions
-    too_old = key_pos[:, None, :] <= positions[:, :, None] - window  # [R, Q, P+Q]
-    mask[:, 0][too_old] = MASK_MIN
+    mask[:, 0][window_hides(key_pos, positions, window)] = MASK_MIN
     return mask

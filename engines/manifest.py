@@ -46,7 +46,9 @@ class GraphSpec:
     vocab_sha256: str  # hash of the tokenizer vocabulary this model was exported with
     kv_layout: str = "time_major"  # "time_major" (traced graph) | "in_place" (fused graph): contract.py
     quantize: str | None = None  # weight quantization of the graph's MatMuls: None | "int8" | "int4"
-    sliding_window: int | None = None  # every layer attends to the last `sliding_window` positions only (Mistral)
+    sliding_window: int | None = None  # engine dirs before per-layer windows: one window on every layer, applied
+    # by the runtime to the mask (contract.apply_sliding_window); graphs exported since apply theirs themselves
+    windows: tuple | None = None  # per layer the sliding window the graph applies itself (None: full attention)
     aux_hidden_layers: tuple | None = None  # layers whose input hidden states form `aux_hidden` (EAGLE-3); None: no output
 
 
@@ -122,7 +124,8 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      inputs=_require(m, "inputs", where), outputs=_require(m, "outputs", where),
                      vocab_sha256=_require(m, "vocab_sha256", where),
                      kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
-                     sliding_window=m.get("sliding_window"), aux_hidden_layers=_aux_layers(m, geo.num_layers, where))
+                     sliding_window=m.get("sliding_window"), windows=_windows(m, geo.num_layers, where),
+                     aux_hidden_layers=_aux_layers(m, geo.num_layers, where))
     if not (root / spec.file).is_file():
         raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
     if spec.dtype not in ("fp32", "fp16"):
@@ -134,6 +137,18 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
         raise EngineError(f"manifest.json: {where}inputs/outputs do not match the graph contract for "
                           f"{geo.num_layers} layers (see docs/engine-format.md)")
     return spec
+
+
+def _windows(m: dict, num_layers: int, where: str) -> tuple | None:
+    """``windows``: absent, or per layer a positive window or null, e.g. Gemma 2 [4096, null, 4096, null]."""
+    windows = m.get("windows")
+    if windows is None:
+        return None
+    if (not isinstance(windows, list) or len(windows) != num_layers or not all(
+            w is None or (isinstance(w, int) and not isinstance(w, bool) and w > 0) for w in windows)):
+        raise EngineError(f"manifest.json: {where}windows must list, for each of the {num_layers} layers, a "
+                          f"positive window or null, got {windows!r}")
+    return tuple(windows)
 
 
 def _aux_layers(m: dict, num_layers: int, where: str) -> tuple | None:

@@ -14,7 +14,9 @@ K/V are head-major [B, Hkv, max_len, D] and ``past_*`` / ``present_*`` are meant
 layer (ORT's shared past/present buffer): GroupQueryAttention writes the Q new entries in place at
 [seqlens_k + 1 - Q, seqlens_k + 1) of each row, so no step copies the past (contract.KV_IN_PLACE).
 The additive mask and position_ids are the ones the traced graph takes, so chains, trees and
-stale cache entries work unchanged. ONNX Runtime's CPU kernel runs Q > 1 only at batch 1.
+stale cache entries work unchanged; a sliding-window layer (Mistral, Qwen2's ``max_window_layers``) takes
+that mask with its window applied in the graph (export/windows.py). ONNX Runtime's CPU kernel runs Q > 1
+only at batch 1.
 """
 from __future__ import annotations
 
@@ -22,21 +24,19 @@ import numpy as np
 import torch
 
 from ..contract import io_names
+from .windows import layer_windows, window_masks
 
 FUSED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 def fused_unsupported(model, dtype: str, max_len: int) -> str | None:
-    """Why ``model`` cannot get the fused graph (None: it can)."""
+    """Why ``model`` cannot get the fused graph (None: it can). Sliding windows are built in, at any ``max_len``."""
     arch = type(model).__name__
     cfg = model.config
     if arch not in FUSED_ARCHITECTURES:
         return f"{arch} has no fused graph builder (fused: {', '.join(FUSED_ARCHITECTURES)})"
     if dtype != "fp32":
         return "the fused graph is built in fp32 only (ONNX Runtime's CPU kernels compute fp16 graphs in fp32)"
-    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-    if window is not None and window < max_len:
-        return f"sliding-window attention (window {window} < max_len {max_len}) is not built into the fused graph"
     if any(getattr(layer.self_attn, name, None) is not None for layer in model.model.layers[:1]
            for name in ("q_norm", "k_norm")):
         return "per-head q/k norms (Qwen3, OLMo 2) are not built into the fused graph"
@@ -101,10 +101,12 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     eps = float(cfg.rms_norm_eps)
+    windows = layer_windows(cfg, max_len) or [None] * n_layers  # None: full attention
     g = _Graph()
     cos, sin = rotary_caches(model, max_len)
     g.weight("cos_cache", cos)
     g.weight("sin_cache", sin)
+    masks = window_masks(g, windows)  # window -> the mask its layers take (None: attention_mask)
     x = g.node("Gather", [g.weight("embed", model.model.embed_tokens.weight), "input_ids"], ["embedded"])
     resid, branch = x, None  # the residual stream, and the branch still to be added to it
     layer_inputs = {0: x}  # layer i -> the graph value of the hidden state entering it
@@ -125,7 +127,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
         qkv = g.linear(normed, packed, f"l{i}.qkv", f"l{i}.qkv")
         att = g.node("GroupQueryAttention",
                      [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
-                      "cos_cache", "sin_cache", "position_ids", "attention_mask"],
+                      "cos_cache", "sin_cache", "position_ids", masks[windows[i]]],
                      [f"l{i}.att", f"present_key.{i}", f"present_value.{i}"], ms=True, num_heads=heads,
                      kv_num_heads=kv_heads, scale=float(head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
                      local_window_size=-1)

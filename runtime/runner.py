@@ -127,7 +127,9 @@ class HostRunner(Runner):
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.past_names, self.new_names = past_names(num_layers), new_names(num_layers)
         self.on_call = on_call
-        self.sliding_window = sliding_window  # keys this many positions before a query are masked (None: none)
+        # an engine dir's uniform `sliding_window` (exported before per-layer windows, which graphs apply
+        # themselves): keys this many positions before a query are masked here (None: none)
+        self.sliding_window = sliding_window
         self.engine_seconds = 0.0
         self.calls = 0
 

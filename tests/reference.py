@@ -136,3 +136,45 @@ def assert_head_cache_matches_fresh(rt, prompt, feature: str = "hidden", rows_ah
     assert np.abs(fresh.runner.data[:, :n, 0] - head.data[:, :n, row.slot]).max() < 1e-4
     core.remove("r")
 
+
+
+def assert_greedy_equals_hf_past_window(model_dir, engine_dir, max_len: int = 2048, prompt_tokens: int = 600,
+                                        new_tokens: int = 32, methods=("none", "ngram"), log=print) -> dict:
+    """Export the HF dir ``model_dir`` (traced graph) at ``max_len`` to ``engine_dir`` and assert its greedy
+    output equals HF ``generate(do_sample=False)`` on a ``prompt_tokens``-token prompt (Python source read by
+    the model's tokenizer), ``new_tokens`` new tokens, for each of ``methods``. Meant for a model with
+    sliding windows shorter than the prompt (Gemma 3 270M: 512): every new token is past them.
+
+    Returns {"export_seconds", "windows" (the manifest's per-layer windows), "prompt", "tokens", "past_window"
+    (how many prompt + new tokens lie past the smallest window)}."""
+    import inspect
+    import time
+    from pathlib import Path
+
+    import torch
+    from tokenizers import Tokenizer
+
+    import specrt
+    from specrt.export.hf_checkpoint import load_hf
+    from specrt.export.onnx_export import ExportConfig, export_engine
+
+    t0 = time.time()
+    engine = export_engine(model_dir, engine_dir, cfg=ExportConfig(max_len=max_len, graph="traced"), log=log,
+                           force=True)
+    export_seconds = time.time() - t0
+    text = inspect.getsource(inspect)  # a long, fixed text
+    prompt = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")).encode(text).ids[:prompt_tokens]
+    assert len(prompt) == prompt_tokens and prompt_tokens + new_tokens <= max_len
+    model = load_hf(model_dir)
+    with torch.no_grad():
+        hf = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                            min_new_tokens=new_tokens, eos_token_id=None)[0, len(prompt):].tolist()
+    del model
+    rt = specrt.load(engine)
+    windows = list(rt.manifest.target.windows or [])
+    for method in methods:
+        out = rt.generate(prompt, max_new_tokens=new_tokens, method=method).token_ids
+        assert out == hf[: len(out)] and out, (method, out, hf)
+    smallest = min((w for w in windows if w), default=max_len)
+    return {"export_seconds": round(export_seconds, 1), "windows": windows, "prompt": prompt_tokens, "tokens": hf,
+            "past_window": prompt_tokens + new_tokens - smallest}

@@ -112,7 +112,7 @@ def test_sliding_window_matches_python(lib, tmp_path):
     engine = export_engine(tmp_path / "src", tmp_path / "engine", draft_dir=tmp_path / "src", log=lambda *_: None,
                            cfg=ExportConfig(max_len=64, prefill_chunk=16))
     rt, cpp = specrt.load(engine), CppEngine(lib, engine)
-    assert rt.manifest.target.sliding_window == 8
+    assert rt.manifest.target.windows == (8, 8)
     for n in (5, 23, 40):
         prompt = [(i * 7 + 3) % 31 + 1 for i in range(n)]
         for method in ("none", "ngram", "draft"):
