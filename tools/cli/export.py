@@ -22,8 +22,9 @@ import click
                    "Qwen2; CPU; 1.3-2.3x faster steps); traced: torch.onnx (any family; torch/CUDA/TensorRT); "
                    "auto: fused where the model has it.")
 @click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
-              help="Weight-only quantization of every MatMul (ORT MatMulNBits, blocks of 32); exact w.r.t. the "
-                   "quantized target.")
+              help="Weight-only quantization of every MatMul (ORT MatMulNBits, blocks of 32); speculation is exact "
+                   "w.r.t. the quantized target's verify passes (see docs/real-models.md for how they differ "
+                   "from its decode steps).")
 @click.option("--draft-quantize", type=click.Choice(["same", "none", "int8", "int4"]), default="same",
               show_default=True, help="The draft's quantization (same: as --quantize).")
 @click.option("--prefill-chunk", default=128, show_default=True, type=click.IntRange(1), help="Prompt tokens per prefill call.")
