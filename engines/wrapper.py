@@ -34,7 +34,7 @@ import contextlib
 import torch
 
 from .. import contract
-from ..contract import MASK_MIN, window_hides  # MASK_MIN: export/ imports it from here
+from ..contract import MASK_MIN, window_hides
 from .manifest import ModelGeometry
 
 # HF architecture name -> family note. Every entry is checked by tests/export/test_export.py (the first four)

@@ -152,7 +152,7 @@ class _HeadGraph(torch.nn.Module):
 
 def parity_cases(cfg: EagleConfig, tdtype, seed: int = 0) -> list[dict]:
     """Feeds checked at export: a 7-token prefill on an empty past, a decode step, and a 6-node tree."""
-    from ..engines.wrapper import MASK_MIN
+    from ..contract import MASK_MIN
 
     g = torch.Generator().manual_seed(seed)
     cases = []

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from .. import __version__
-from ..contract import io_names
+from ..contract import MASK_MIN, io_names
 from ..engines.manifest import FORMAT, SCHEMA_VERSION, load_manifest
 from ..engines.ort import OrtEngine
-from ..engines.wrapper import MASK_MIN, DecoderWrapper, chain_mask, geometry
+from ..engines.wrapper import DecoderWrapper, chain_mask, geometry
 from .eagle_export import check_eagle_tree, eagle_target_config, export_eagle
 from .errors import ExportError
 from .gguf import hf_dir_from_gguf, is_gguf, source_of

@@ -216,9 +216,6 @@ class Runtime:
             return EagleProposer(head, t["topk"], t["depth"], t["nodes"], self.eagle_fc)
         return proposers.NoProposer()
 
-    def check_method(self, method: str) -> None:
-        check_method(self.manifest, method)
-
     def new_core(self, config: CoreConfig, proposer=None, runners: dict | None = None) -> DecodeCore:
         """A decode core of ``config.max_batch`` slots built from this engine dir's parts: the target's
         runner, the method's proposer (``proposer`` replaces it: tests), the batch-aware policy, the

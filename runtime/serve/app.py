@@ -60,8 +60,6 @@ def create_app(runtime, config: ServerConfig) -> FastAPI:
     server = new_server_state(runtime, config)
     app = FastAPI(title="specrt", lifespan=lifespan)
     app.state.server = server  # what the handlers receive (state.Server)
-    # (the parts ray_serve, the CLI and the tests read)
-    app.state.worker, app.state.metrics, app.state.generator = server.worker, server.metrics, server.core
     add_middleware(app, config, server.metrics)
     add_error_handlers(app)
     app.include_router(router)

@@ -84,22 +84,11 @@ def test_family_decodes_like_hf(tmp_path, arch):
     rt = specrt.load(engine)
     for n in (1, 5, 23):  # 23: two prefill chunks
         prompt = ((np.arange(n) * 7 + 3) % 31 + 1).tolist()
-        with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10,
-                                pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        hf = hf_greedy(model, prompt, 10)
         for method in ("none", "ngram"):
             out = rt.generate(prompt, max_new_tokens=10, method=method).token_ids
             assert out == hf[: len(out)], (n, method)
-    runner = fresh_runner(Runtime.load(engine).target, 48)  # tree node logits == the node's path as a chain
-    mask = example_tree_mask().numpy()
-    nodes = np.arange(11, 19)
-    prompt = [3, 10, 17, 24, 31]
-    runner.prefill(0, prompt)
-    tree = runner.forward([0], [nodes], blocks=[mask], depths=[mask.sum(-1) - 1]).logits[0]
-    for i in (3, 7):
-        runner.release(0)
-        chain = runner.forward([0], [prompt + nodes[np.flatnonzero(mask[i])].tolist()]).logits[0, -1]
-        np.testing.assert_allclose(tree[i], chain, atol=1e-4)
+    assert_tree_nodes_equal_chains(engine, [3, 10, 17, 24, 31])
 
 
 def test_a_draft_of_another_family_with_the_same_tokenizer(tmp_path):
@@ -113,6 +102,19 @@ def test_a_draft_of_another_family_with_the_same_tokenizer(tmp_path):
     out = rt.generate(prompt, max_new_tokens=16, method="draft", gamma=3)
     assert out.token_ids == rt.generate(prompt, max_new_tokens=16, method="none").token_ids
     assert out.stats["proposed"] > 0
+
+
+def assert_tree_nodes_equal_chains(engine, prompt: list[int]) -> None:
+    """After ``prompt``, the 8-node example tree's node logits (nodes 3 and 7) equal the node's root path
+    run as a chain."""
+    runner = fresh_runner(Runtime.load(engine).target, 48)
+    mask, nodes = example_tree_mask().numpy(), np.arange(11, 19)
+    runner.prefill(0, prompt)
+    tree = runner.forward([0], [nodes], blocks=[mask], depths=[mask.sum(-1) - 1]).logits[0]
+    for i in (3, 7):
+        runner.release(0)
+        chain = runner.forward([0], [prompt + nodes[np.flatnonzero(mask[i])].tolist()]).logits[0, -1]
+        np.testing.assert_allclose(tree[i], chain, atol=1e-4)
 
 
 def hf_greedy(model, prompt, n: int) -> list[int]:
@@ -151,14 +153,7 @@ def test_windowed_layers_decode_like_hf_past_the_window(tmp_path, name):
     prompts = [((np.arange(n) * 5 + 2) % 31 + 1).tolist() for n in (3, 11, 20, 30)]
     for method in ("none", "draft"):
         assert_batched_rows_equal_batch1(rt, method, prompts, [14, 10, 12, 8])
-    runner = fresh_runner(Runtime.load(engine).target, 48)
-    mask, nodes, prompt = example_tree_mask().numpy(), np.arange(11, 19), prompts[2]  # tree at positions 20..23
-    runner.prefill(0, prompt)
-    tree = runner.forward([0], [nodes], blocks=[mask], depths=[mask.sum(-1) - 1]).logits[0]
-    for i in (3, 7):
-        runner.release(0)
-        chain = runner.forward([0], [prompt + nodes[np.flatnonzero(mask[i])].tolist()]).logits[0, -1]
-        np.testing.assert_allclose(tree[i], chain, atol=1e-4)
+    assert_tree_nodes_equal_chains(engine, prompts[2])  # a tree at positions 20..23, past the window
 
 
 def test_an_engine_dir_with_a_uniform_sliding_window_still_runs(tmp_path):

@@ -93,7 +93,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
         app = build_app(spec)
     except (EngineError, ValueError, SamplingError) as e:
         raise click.ClickException(str(e))
-    method = app.state.generator.config.method
+    method = app.state.server.core.config.method
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
     click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)

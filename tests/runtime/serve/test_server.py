@@ -169,7 +169,7 @@ def test_client_disconnect_frees_the_slot(start_server, llama_engine, ref):
 
 def test_full_queue_answers_429_and_stopped_engine_503(start_server, llama_engine, ref):
     srv = start_server(batch=CoreConfig(max_batch=1, method="none"), max_queue=1)
-    worker = srv.app.state.worker
+    worker = srv.app.state.server.worker
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 5, "temperature": 0}
     worker.pause()  # nothing is admitted: the first request waits in the queue
     first = {}
