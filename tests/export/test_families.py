@@ -193,7 +193,7 @@ def test_a_family_option_the_graph_cannot_express_is_refused_by_name(tmp_path, c
 GEMMA3_DIR = os.environ.get("SPECRT_GEMMA3_DIR")  # an HF dir of Gemma 3 270M (Gemma3ForCausalLM, window 512)
 
 
-@pytest.mark.skipif(not GEMMA3_DIR, reason="set SPECRT_GEMMA3_DIR to a Gemma 3 270M HF dir")
+@pytest.mark.skipif(not GEMMA3_DIR, reason="needs SPECRT_GEMMA3_DIR: a Gemma 3 270M HF dir (CI runs this check on the packaged model in tests/real/test_real_gemma.py)")
 def test_gemma3_270m_decodes_like_hf_past_its_window(tmp_path):
     """Gemma 3 270M exported (traced) at --max-len 2048: a 600-token prompt and 32 new tokens, past its
     512-token window, greedy equal to HF generate."""
