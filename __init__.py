@@ -17,7 +17,7 @@ def load(engine_dir, backend: str = "ort", **engine_options):
 
 _ERRORS = {  # name -> module; imported on first use, so `import specrt` stays light
     "EngineError": "engines.base", "SamplingError": "runtime.sampling", "PromptTooLongError": "runtime.api",
-    "TreeError": "trees", "ExportError": "export.errors",
+    "TreeError": "trees", "ExportError": "export.errors", "ConstraintError": "runtime.constraints",
 }
 
 

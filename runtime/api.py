@@ -6,6 +6,7 @@ max_batch N over the same ``Runtime``.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +17,12 @@ from ..contract import NP_DTYPES, io_names
 from ..engines import EngineError, open_engine
 from ..engines.manifest import GraphSpec, Manifest, load_manifest
 from .batch_policy import LatencyCurve, PolicyConfig, SpeculationPolicy
-from .core import CoreConfig, DecodeCore, Limits, SequenceRequest, StopRules, check_config, fixed_gamma
+from .constraints import ConstraintError, ConstraintSpec, Grammar, GrammarCompiler
+from .core import CoreConfig, DecodeCore, Limits, SequenceRequest, StopRules, check_config
 from .in_place import InPlaceRunner
-from .methods import check_method, resolve_method
+from .methods import check_method, fixed_gamma, parse_methods, resolve_method
 from .runner import HostRunner
-from .sampling import SamplingError, SamplingParams
+from .sampling import SamplingError, SamplingParams, check_logit_bias
 from ..trees import compile_tree, load_tree
 
 
@@ -35,7 +37,7 @@ def check_prompt_length(n: int, max_len: int) -> None:
                                  f"so at most {max_len - 1}")
 
 
-EXTRA_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs")
+EXTRA_SAMPLING = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "logit_bias", "min_tokens")
 
 
 def _keywords(extra: dict) -> dict:
@@ -130,6 +132,8 @@ class Runtime:
         self._shared: dict = {}  # role -> (runner, LatencyCurve) at max_batch 1, shared by the batch-1 cores
         self._cores: dict = {}  # (method, acceptance) -> DecodeCore at max_batch 1
         self._requests = 0  # generations started (request ids of the batch-1 cores)
+        self._grammar_compiler: GrammarCompiler | None = None  # made on first use (llguidance's tokenizer: 0.1-1 s)
+        self._grammar_lock = threading.Lock()  # one compiler, whichever thread asks first
 
     def _default_gamma(self, manifest: Manifest) -> int | None:
         """The manifest's ``defaults.gamma`` (e.g. written by `specrt profile --write-defaults`); None = adaptive."""
@@ -218,59 +222,91 @@ class Runtime:
 
     def new_core(self, config: CoreConfig, proposer=None, runners: dict | None = None) -> DecodeCore:
         """A decode core of ``config.max_batch`` slots built from this engine dir's parts: the target's
-        runner, the method's proposer (``proposer`` replaces it: tests), the batch-aware policy, the
-        stop rules and limits. ``runners`` maps a role to a (runner, LatencyCurve) pair to reuse;
-        the rest are made here (what ``specrt serve`` runs: runners of its own)."""
-        check_method(self.manifest, config.method)
+        runner, a proposer and a policy per method of ``config.method`` (``proposer`` replaces the first
+        method's: tests), the stop rules and limits. ``runners`` maps a role to a (runner, LatencyCurve)
+        pair to reuse; the rest are made here (what ``specrt serve`` runs: runners of its own)."""
+        methods = parse_methods(config.method)
+        for method in methods:
+            check_method(self.manifest, method)
         check_config(config, self.gamma_max)
         runners = dict(runners or {})
-        for role in ("target", "draft") if config.method == "draft" else ("target",):
+        for role in ("target", "draft") if "draft" in methods else ("target",):
             if role not in runners:
                 runners[role] = self.runner(role, config.max_batch)
         target, target_curve = runners["target"]
-        draft_curve = runners["draft"][1] if "draft" in runners else LatencyCurve()
-        proposer = proposer or self.proposer(config.method, config.max_batch, runners.get("draft"))
+        proposers = {m: self.proposer(m, config.max_batch, runners.get("draft")) for m in methods}
+        if proposer is not None:
+            proposers[methods[0]] = proposer
+        policies = {m: self._policy(m, p, config, target_curve, runners["draft"][1] if m == "draft" else LatencyCurve())
+                    for m, p in proposers.items()}
+        return DecodeCore(config, target, proposers, policies, StopRules(self.tokenizer, self.eos_ids),
+                          Limits(self.manifest.max_len, self.gamma_max, self.target.spec.geometry.vocab_size))
+
+    def _policy(self, method: str, proposer, config: CoreConfig, target_curve, draft_curve) -> SpeculationPolicy:
+        """The batch-aware γ policy of one method (the target's latency curve is shared by all of a core's)."""
         cap = self.manifest.defaults.get("speculation_max_batch")
         tree = (proposer.max_nodes + 1, proposer.depth) if proposer.tree else None
-        policy = SpeculationPolicy(PolicyConfig(
-            gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(config.method, proposer, config.gamma),
+        return SpeculationPolicy(PolicyConfig(
+            gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=config.method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
-        return DecodeCore(config, target, proposer, policy, StopRules(self.tokenizer, self.eos_ids),
-                          Limits(self.manifest.max_len, self.gamma_max))
+            draft_cost=method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles ``ConstraintSpec``s for this engine dir's tokenizer and vocabulary (made on first use;
+        ``compile`` is thread-safe, for a server's worker threads). Building it reads the whole vocabulary (0.1 s
+        for 4K tokens, ~1 s for 49K, more for 262K): a server may touch it at startup."""
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.target.spec.geometry.vocab_size,
+                                                         self.eos_ids)
+        return self._grammar_compiler
 
     def core(self, method: str, acceptance: str = "exact") -> DecodeCore:
         """The batch-1 decode core of ``method`` (made once; the target's cache and latency curve shared)."""
         key = (method, acceptance)
         if key not in self._cores:
-            roles = ("target", "draft") if method == "draft" else ("target",)
+            roles = ("target", "draft") if "draft" in parse_methods(method) else ("target",)
             for role in roles:
                 if role not in self._shared:
                     self._shared[role] = self.runner(role, 1)
             self._cores[key] = self.new_core(CoreConfig(max_batch=1, method=method, acceptance=acceptance,
                                                         probe_every=8), runners={r: self._shared[r] for r in roles})
+            self._forget_others(self._cores[key])  # its calibration wrote into the shared slot
         return self._cores[key]
+
+    def _forget_others(self, core: DecodeCore) -> None:
+        """``core`` writes the shared runners' slot: what the other batch-1 cores' prefix caches kept there is gone.
+        (Each core keeps its own prompts between calls: a repeated prompt or a next chat turn on the same method
+        skips the prefix its last call left; switching methods starts cold.)"""
+        for other in self._cores.values():
+            if other is not core:
+                other.prefix.clear()
 
     # ---- public API -------------------------------------------------------------------
     def generate(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
                  gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact",
-                 **penalties_and_logprobs) -> GenerationOutput:
+                 constraint: ConstraintSpec | None = None, **penalties_and_logprobs) -> GenerationOutput:
         """Generate a continuation of ``prompt`` (a string or a list of token ids).
 
-        ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` and ``logprobs`` (keywords)
-        are ``SamplingParams``'s; speculation stays exact with them.
+        ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``logprobs``, ``logit_bias``
+        ({token id: bias in [-100, 100]}) and ``min_tokens`` (keywords) are ``SamplingParams``'s; speculation
+        stays exact with them. ``constraint``: a ``ConstraintSpec`` (JSON schema, regex, choice, grammar; or a
+        ``Grammar`` compiled by ``grammar_compiler``) the output must follow, exact under speculation too;
+        ``ConstraintError`` for one that does not compile. Example:
+        ``rt.generate("Name: ", constraint=ConstraintSpec("regex", "[A-Z][a-z]+"), max_new_tokens=8)``.
 
         ``acceptance="typical"`` (method "medusa" only) opts into Medusa-2's typical acceptance:
         faster at temperature > 0 but LOSSY (the output no longer follows the target's distribution).
         """
         return self.stream(prompt, max_new_tokens, temperature, top_p, top_k, min_p, seed, method, gamma,
-                           stop, stop_token_ids, acceptance, **penalties_and_logprobs).result()
+                           stop, stop_token_ids, acceptance, constraint, **penalties_and_logprobs).result()
 
     def stream(self, prompt, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, min_p: float = 0.0, seed: int | None = None, method: str | None = None,
                gamma: int | None = None, stop=(), stop_token_ids=(), acceptance: str = "exact",
-               **penalties_and_logprobs) -> Generation:
+               constraint: ConstraintSpec | None = None, **penalties_and_logprobs) -> Generation:
         """Like ``generate``, but returns a ``Generation`` that yields tokens as they are produced.
 
         Arguments are validated here, before anything runs.
@@ -284,10 +320,16 @@ class Runtime:
         elif not isinstance(gamma, int) or not 0 <= gamma <= self.gamma_max:
             raise SamplingError(f"gamma must be an integer in 0..{self.gamma_max} (the exported verify shape "
                                 f"is {self.gamma_max + 1}) or None for the engine dir's default, got {gamma!r}")
+        check_logit_bias(params.logit_bias, self.target.spec.geometry.vocab_size)
         ids = self.encode(prompt)
+        grammar = self.grammar_compiler.compile(constraint) if isinstance(constraint, ConstraintSpec) else constraint
+        if grammar is not None and not isinstance(grammar, Grammar):
+            raise ConstraintError(f"constraint must be a ConstraintSpec (or a compiled Grammar), got "
+                                  f"{type(constraint).__name__}")
         core = self.core(method, acceptance)
         self._requests += 1
-        request = SequenceRequest(f"generate-{self._requests}", ids, params, gamma=gamma)  # γ None: adaptive
+        request = SequenceRequest(f"generate-{self._requests}", ids, params, gamma=gamma,  # γ None: adaptive
+                                  grammar=grammar)
         generation = Generation(logprobs=params.logprobs is not None)
         generation.events = self._events(core, request, generation)
         return generation
@@ -322,6 +364,7 @@ class Runtime:
         for other in self._cores.values():  # a stream abandoned before its end left its sequence behind
             for row in list(other.rows):  # (the batch-1 cores share the target's cache)
                 other.remove(row.request.request_id)
+        self._forget_others(core)
         rid = request.request_id
         runners = [r for r in (core.target, core.proposer.runner) if r is not None]
         t0, engine_s0 = time.perf_counter(), sum(r.engine_seconds for r in runners)

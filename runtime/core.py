@@ -1,20 +1,27 @@
 """The decode core: every method, batched, from one step function.
 
 ``DecodeCore`` is built from explicit parts: the target's runner (its cache of ``max_batch``
-slots), ONE proposer for all rows (runtime/proposers/__init__.py's ``Proposer``), the batch-aware
-γ policy, the stop rules (EOS ids, the tokenizer for stop strings) and the limits (cache length,
-exported γ). It keeps the rows: active sequences in slots 0..B-1 (when one leaves, the last slot
+slots), one proposer per method it serves (runtime/proposers/__init__.py's ``Proposer``; each row
+runs its request's method, "none" always available) and a batch-aware γ policy per method, the
+stop rules (EOS ids, the tokenizer for stop strings) and the limits (cache length, exported γ,
+vocabulary). It keeps the rows: active sequences in slots 0..B-1 (when one leaves, the last slot
 moves into the hole, in the target's cache and the proposer's, so the active rows stay a
-contiguous view of the cache). Per-request settings (sampling, γ) travel with each
-``SequenceRequest``. ``Runtime.generate`` runs this core at max_batch 1 and ``specrt serve`` at
-max_batch N (both build it with ``Runtime.new_core``). A step:
+contiguous view of the cache). Per-request settings (sampling, γ, method, a compiled grammar)
+travel with each ``SequenceRequest``. ``Runtime.generate`` runs this core at max_batch 1 and
+``specrt serve`` at max_batch N (both build it with ``Runtime.new_core``). A step:
 
-    γ         one decision for the batch (runtime/batch_policy.py; 0 = plain decoding)
-    propose   per row a chain of k_b <= γ tokens with q, or a tree with point masses
+    γ         one decision per method for its rows (runtime/batch_policy.py; 0 = plain decoding)
+    propose   per row a chain of k_b <= γ tokens with q, or a tree with point masses (each method's
+              proposer once for its rows); a grammar's forced tokens replace a row's proposal, and
+              what a grammar forbids is cut from every proposal (runtime/proposers/constrained.py)
     verify    ONE target pass over [B, Q = max positions]: row b = its last token, its proposal,
-              then padding; each row verified by runtime/verify.py with its own generator
+              then padding; each row's logits processed (sampling.process_logits: penalties,
+              logit_bias, min_tokens, the grammar's mask at each position's prefix) and verified by
+              runtime/verify.py with its own generator
     commit    per row the cache keeps the last token and the accepted path (rollback/compaction)
-    emit      EOS, stop ids, stop strings, length: ``_emit``, the one implementation
+    emit      EOS, stop ids, stop strings, length, a complete grammar: ``_emit``, the one implementation;
+              the only place a row's grammar state advances (by the emitted tokens: a rejected
+              proposal never reached it, so nothing rolls back)
 
 Every row follows the same rules whatever the batch (first token from the prefill logits,
 k_b = min(γ, budget - 1), its own random stream), so greedy rows equal plain greedy decoding
@@ -24,25 +31,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .batch_policy import NO_ROOM, LatencyCurve, PolicyConfig, PolicyDecision, SpeculationPolicy
 from .gamma import AlphaEstimate
-from .proposers import EMPTY, Proposal, Proposer
-from .sampling import SamplingError, SamplingParams, next_token, penalize, top_logprobs
+from .prefix_cache import PrefixCache
+from .constraints import ConstraintError
+from .methods import by_method, cache_owner, fixed_gamma, parse_methods, target_feature
+from .proposers import EMPTY, NoProposer, Proposal, Proposer, constrained
+from .sampling import SamplingError, SamplingParams, check_logit_bias, next_token, process_logits, top_logprobs
 from .stats import SequenceCounts, sequence_stats
+from .target_pass import pack, time_pass
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
 from .verify import ACCEPTANCE, verify
+
+if TYPE_CHECKING:
+    from .constraints import Grammar
 
 @dataclass
 class CoreConfig:
     max_batch: int = 8  # slots: sequences decoded together in one target pass
-    method: str = "draft"  # the proposer of every sequence: none | draft | ngram | suffix | medusa | eagle
+    method: str | tuple = "draft"  # the methods served: none | draft | ngram | suffix | medusa | eagle, or several
+    # ("draft,ngram" or a tuple; the first is a request's default, "none" is always served)
     gamma: int | None = None  # fixed γ every step (0 = speculation off); None = the batch-aware policy
     probe_every: int = 16  # policy: steps at γ = 0 before one probe step at γ = 1
     calibrate: bool = True  # time target (and draft) passes for B = 1, 2, 4, .., max_batch at start
     acceptance: str = "exact"  # "typical": Medusa-2's LOSSY rule (method medusa, temperature > 0 only)
+    prefix_cache: bool = True  # free slots keep finished sequences' caches for prompts that share a prefix
+    # (runtime/prefix_cache.py)
+    forced_tokens: bool = True  # a grammar's forced tokens are a row's proposal (False: measure without)
 
 
 @dataclass
@@ -54,6 +73,8 @@ class SequenceRequest:
     # cache) may draw on and feed: the server's API key; None = one shared scope
     gamma: int | None = None  # this sequence's fixed γ (0 = no speculation); None = the core's (config.gamma
     # or the batch-aware policy)
+    grammar: Grammar | None = None  # its compiled constraint (runtime/constraints.py); None = unconstrained
+    method: str | None = None  # its method, one the core serves; None = the core's first
 
 
 @dataclass
@@ -66,6 +87,7 @@ class StopRules:
 class Limits:
     max_len: int  # cache entries per slot: prompt + output
     gamma_max: int  # the longest chain the exported verify shape takes (its Q - 1)
+    vocab_size: int | None = None  # the logits' last dimension (checks logit_bias ids and grammars; None: unchecked)
 
 
 @dataclass
@@ -81,13 +103,14 @@ class SequenceUpdate:
 @dataclass
 class StepReport:
     batch_size: int  # sequences in this step's target pass
-    gamma: int  # draft length of the step
-    decision: PolicyDecision  # why
+    gamma: int  # draft length of the step (several methods: the largest of their decisions)
+    decision: PolicyDecision  # why (several methods: the decision of the first served method among the rows)
     positions: int  # B * Q positions the target pass processed
     tokens: int  # tokens the step produced (before stop rules cut any)
     proposed: int  # proposals verified
     accepted: int  # proposals accepted
     seconds: float  # wall time of the step (propose + verify + bookkeeping)
+    decisions: dict = field(default_factory=dict)  # method -> its rows' PolicyDecision this step
 
 
 @dataclass(eq=False)
@@ -104,7 +127,12 @@ class Row:
     detok: IncrementalDetokenizer
     stops: StopMatcher
     alpha: AlphaEstimate  # this sequence's acceptance estimate (the policy reads ``alpha.alpha``)
+    method: str = "none"  # the method it runs (request.method or the core's first)
+    proposer: Proposer | None = None  # that method's proposer (the core's, shared with the rows of the method)
+    matcher: object = None  # its grammar state (constraints.Matcher); None = unconstrained
     counts: SequenceCounts = field(default_factory=SequenceCounts)
+    forced: int = 0  # grammar-forced tokens proposed (runtime/proposers/constrained.py)
+    forced_accepted: int = 0  # ... and accepted
     out: list = field(default_factory=list)  # generated tokens
     text: str = ""
 
@@ -118,30 +146,49 @@ class Row:
 
 
 class DecodeCore:
-    """Continuous batching with speculative rounds over a target runner and one proposer.
+    """Continuous batching with speculative rounds over a target runner and the proposers of its methods.
 
     Not thread-safe: one worker drives it (``add``, ``remove``, ``step``). Build it with
-    ``Runtime.new_core`` (which makes the parts from an engine dir), or from parts of your own.
+    ``Runtime.new_core`` (which makes the parts from an engine dir), or from parts of your own:
+    ``proposers`` / ``policies`` map each method of ``config.method`` to its proposer / policy (a single
+    one stands for the first method); "none" is added when absent.
     """
 
-    def __init__(self, config: CoreConfig, target, proposer: Proposer, policy: SpeculationPolicy,
+    def __init__(self, config: CoreConfig, target, proposers: dict | Proposer, policies: dict | SpeculationPolicy,
                  stops: StopRules, limits: Limits):
         check_config(config, limits.gamma_max)
         self.config = config
         self.target = target  # the target graph's runner: the cache of config.max_batch slots
-        self.proposer = proposer
-        self.policy = policy
+        self.methods = parse_methods(config.method)  # the methods served; the first is a request's default
+        self.proposers = by_method(proposers, self.methods, NoProposer())  # method -> its proposer
+        self.policies = by_method(policies, self.methods, None)  # method -> its γ policy (T(n) curve shared)
+        self.policies["none"] = self.policies.get("none") or SpeculationPolicy(
+            PolicyConfig(limits.gamma_max, fixed_gamma=0), self.policy.target_curve)
+        self.feature = target_feature(self.proposers)  # the target output the proposers read ("hidden" | ...)
         self.stops = stops
-        self.max_len, self.gamma_max = limits.max_len, limits.gamma_max
+        self.max_len, self.gamma_max, self.vocab_size = limits.max_len, limits.gamma_max, limits.vocab_size
         self.rows: list[Row] = []  # rows[i].slot == i
+        self.prefix = PrefixCache(target, cache_owner(self.proposers, self.proposer), config.max_batch,
+                                  config.prefix_cache)  # what free slots keep
         self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
         self._probes = 0  # tree probes so far (each probes one row, in turn)
-        if config.calibrate and config.method != "none":
+        if config.calibrate and set(self.proposers) != {"none"}:
             self.calibrate()
 
-    def fixed_gamma(self, gamma: int | None) -> int | None:
-        """``fixed_gamma`` for this core's method and proposer."""
-        return fixed_gamma(self.config.method, self.proposer, gamma)
+    @property
+    def proposer(self) -> Proposer:
+        """The first method's proposer (a one-method core's only one)."""
+        return self.proposers[self.methods[0]]
+
+    @property
+    def policy(self) -> SpeculationPolicy:
+        """The first method's policy (their target latency curve is one and the same)."""
+        return self.policies[self.methods[0]]
+
+    def fixed_gamma(self, gamma: int | None, method: str | None = None) -> int | None:
+        """``fixed_gamma`` for ``method`` (None: the first) and its proposer."""
+        method = method or self.methods[0]
+        return fixed_gamma(method, self.proposers[method], gamma)
 
     # ---- admission and eviction -------------------------------------------------------------
     @property
@@ -163,31 +210,47 @@ class DecodeCore:
         if not ids or len(ids) >= self.max_len:
             raise ValueError(f"prompt length {len(ids)} outside 1..{self.max_len - 1}")
         rows = [self._new_row(r, len(self.rows) + i) for i, r in enumerate(requests)]
-        self.target.release(rows[0].slot)
-        logits, hidden = self.target.prefill(rows[0].slot, ids, self.proposer.feature)  # [V], [P, F] | None
-        rows[0].counts.target_passes += self.target.prefill_calls(len(ids))
+        cached = self.prefix.claim(ids, rows[0].slot, len(rows), rows[0].proposer)  # tokens a kept slot holds
+        logits, hidden = self.target.prefill(rows[0].slot, ids[cached:], self.feature)  # [V], [P', F] | None
+        rows[0].counts.target_passes += self.target.prefill_calls(len(ids) - cached)
         updates = []
         for row in rows:
+            row.counts.cached_tokens = cached
             if row is not rows[0]:
-                self.target.copy(rows[0].slot, row.slot)
+                for runner in self.prefix.runners:  # the target's cache and the proposer's, as far as they go
+                    runner.copy(rows[0].slot, row.slot)
             self.rows.append(row)
-            x = penalize(logits[None], row.params, row.seq, row.prompt_len)  # [1, V]
+            x = process_logits(logits[None], row)  # [1, V]
             tok = next_token(x[0], row.params, row.rng)
             updates.append(self._emit(row, [tok], self._logprobs(row, x, [0], [tok])))
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)
             else:
-                self._timed(self.proposer.start, [row], row, hidden)
+                self._timed(row.proposer, row.proposer.start, [row], row, hidden)
         return updates
 
     def _new_row(self, request: SequenceRequest, slot: int) -> Row:
-        params, ids = request.params, list(request.prompt_ids)
-        return Row(request=request, slot=slot, seq=ids, prompt_len=len(ids),
+        params, ids, method = request.params, list(request.prompt_ids), self._check_request(request)
+        return Row(request=request, slot=slot, seq=ids, prompt_len=len(ids), method=method,
+                   proposer=self.proposers[method], matcher=request.grammar.matcher() if request.grammar else None,
                    limit=min(params.max_new_tokens, self.max_len - len(ids)), rng=np.random.default_rng(params.seed),
                    end_ids=set(self.stops.eos_ids) | set(params.stop_token_ids),
                    detok=IncrementalDetokenizer(self.stops.tokenizer),
                    stops=StopMatcher(params.stop), alpha=AlphaEstimate(state=self.served.export_state()))
+
+    def _check_request(self, request: SequenceRequest) -> str:
+        """The request's method; SamplingError for a method this core does not serve or a logit_bias id outside
+        the vocabulary, ConstraintError for a grammar compiled for another vocabulary."""
+        method = request.method or self.methods[0]
+        if method not in self.proposers:
+            raise SamplingError(f"method {method!r} is not served here; available: {', '.join(self.proposers)}")
+        if self.vocab_size is not None:
+            check_logit_bias(request.params.logit_bias, self.vocab_size)
+            if request.grammar is not None and request.grammar.space.vocab_size != self.vocab_size:
+                raise ConstraintError(f"the grammar was compiled for a vocabulary of {request.grammar.space.vocab_size}"
+                                      f" tokens, the model has {self.vocab_size}")
+        return method
 
     def remove(self, request_id: str) -> bool:
         """Drop a request's sequence now (cancellation): its slot and cache are free on return."""
@@ -198,17 +261,14 @@ class DecodeCore:
         return False
 
     def _free(self, row: Row) -> None:
-        self.proposer.finish(row)
-        runners = [r for r in (self.target, self.proposer.runner) if r is not None]  # the caches, slot for slot
+        kept = self.prefix.retain(row)  # what its slot holds, asked before the proposer forgets the row
+        row.proposer.finish(row)
         last = self.rows.pop()
-        if last is not row:  # move the last slot into the hole: active slots stay 0..B-1
-            for runner in runners:
-                runner.move(last.slot, row.slot)
+        if last is not row:  # the last slot moves into the hole: active slots stay 0..B-1
+            self.prefix.move_row(last.slot, row.slot)
             last.slot = row.slot
             self.rows[row.slot] = last
-        else:
-            for runner in runners:
-                runner.release(row.slot)
+        self.prefix.release(len(self.rows), kept)  # the freed slot keeps the leaving row's caches for later prompts
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
@@ -217,12 +277,8 @@ class DecodeCore:
             return [], None
         t0 = time.perf_counter()
         rows = list(self.rows)
-        decision, gammas, ks = self._plan(rows)
-        drafting = [r for r, k in zip(rows, ks) if k]
-        if drafting:
-            proposals, proposer_s = self._timed(self.proposer.propose, drafting, rows, ks)
-        else:  # no row drafts (γ = 0, no room): plain decoding, no proposer call
-            proposals, proposer_s = [EMPTY] * len(rows), 0.0
+        decisions, gammas, ks = self._plan(rows)
+        proposals, work = self._propose(rows, ks)  # work: method -> [rows it proposed for, seconds]
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         verified = [self._verify(row, p, out.logits[b, : p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
         keeps, news, logprobs = (list(column) for column in zip(*verified))  # per row: kept positions, tokens, logprobs
@@ -230,40 +286,80 @@ class DecodeCore:
             self._record(row, gamma, p, len(keep) - 1)
         self.target.commit(out, keeps)
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
-        if self.proposer.feature is not None:  # Medusa / EAGLE continue from the target's features at the kept nodes
-            hidden = out.outputs[self.proposer.feature]  # [B, Q, F]: "hidden" (H) or EAGLE-3's "aux_hidden" (3H)
-            for b, (row, update) in enumerate(zip(rows, updates)):
-                if not update.finish_reason:
-                    proposer_s += self._timed(self.proposer.observe, [row], row, news[b], hidden[b, keeps[b]])[1]
-        if self.proposer.tree and drafting:  # a tree method's D(B): its proposer work per step
-            self.policy.record_draft(len(drafting), 1, proposer_s)
+        self._observe(rows, updates, news, keeps, out, work)
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)
+        decision = decisions[next(m for m in self.proposers if m in decisions)]
         return updates, StepReport(
-            batch_size=len(rows), gamma=decision.gamma, decision=decision, positions=out.logits.shape[0] * out.logits.shape[1],
-            tokens=sum(map(len, news)), proposed=sum(len(p.tokens) for p in proposals),
-            accepted=sum(len(k) - 1 for k in keeps), seconds=time.perf_counter() - t0)
+            batch_size=len(rows), gamma=max(d.gamma for d in decisions.values()), decision=decision,
+            positions=out.logits.shape[0] * out.logits.shape[1], tokens=sum(map(len, news)),
+            proposed=sum(len(p.tokens) for p in proposals), accepted=sum(len(k) - 1 for k in keeps),
+            seconds=time.perf_counter() - t0, decisions=decisions)
 
-    def _plan(self, rows: list[Row]) -> tuple[PolicyDecision, list[int], list[int]]:
-        """The step's decision, each row's γ, and each row's proposal size k_b (0: none)."""
-        fixed = self._step_fixed_gamma(rows)
-        if fixed is not None or any(self._room(r, self.gamma_max) for r in rows):
-            decision = self.policy.decide([r.alpha.alpha for r in rows], fixed)
-        else:  # no row can draft (its last token, a full cache): the adaptive policy is not asked, so its
-            decision = NO_ROOM  # probes land on steps that can use them (every 8th step aliases on short requests)
-        gammas = [self._row_gamma(row, decision) for row in rows]
+    def _plan(self, rows: list[Row]) -> tuple[dict, list[int], list[int]]:
+        """Per method among the rows its policy's decision; per row its γ and proposal size k_b (0: none)."""
+        methods = dict.fromkeys(r.method for r in rows)  # those with rows, in row order
+        decisions = {m: self._decide(m, [r for r in rows if r.method == m]) for m in methods}
+        gammas = [self._row_gamma(row, decisions[row.method]) for row in rows]
         ks = [self._room(row, g) for row, g in zip(rows, gammas)]
-        if decision.reason == "probe" and self.proposer.tree:  # a tree probe costs B·N positions: probe one row
-            self._probes += 1
-            ks = [k if b == self._probes % len(rows) else 0 for b, k in enumerate(ks)]
-        return decision, gammas, ks
+        for method, decision in decisions.items():
+            if decision.reason == "probe" and self.proposers[method].tree:  # a tree probe costs B·N positions:
+                self._probes += 1  # probe one row of the method
+                group = [b for b, row in enumerate(rows) if row.method == method]
+                ks = [0 if b in group and b != group[self._probes % len(group)] else k for b, k in enumerate(ks)]
+        return decisions, gammas, ks
+
+    def _decide(self, method: str, rows: list[Row]) -> PolicyDecision:
+        """The policy's decision for the rows of ``method``."""
+        fixed = self._step_fixed_gamma(method, rows)
+        if fixed is not None or any(self._room(r, self.gamma_max) for r in rows):
+            return self.policies[method].decide([r.alpha.alpha for r in rows], fixed)
+        # no row can draft (its last token, a full cache): the adaptive policy is not asked, so its
+        return NO_ROOM  # probes land on steps that can use them (every 8th step aliases on short requests)
+
+    def _propose(self, rows: list[Row], ks: list[int]) -> tuple[list[Proposal], dict]:
+        """Per row its proposal: its method's (one proposer call per method, for its rows with k_b > 0), cut where
+        its grammar forbids a token, or the grammar's forced tokens where they say more (constrained.py); and per
+        method [rows, seconds]."""
+        forced = [self._forced(row) for row in rows]  # None: nothing forced
+        proposals = [f if constrained.forced_first(f, k, row.proposer) else None for f, k, row in zip(forced, ks, rows)]
+        work = {}
+        for method, proposer in self.proposers.items():
+            group = [b for b, row in enumerate(rows) if row.method == method and ks[b] and proposals[b] is None]
+            if group:  # (no row drafts, γ = 0 or no room: no proposer call)
+                members = [rows[b] for b in group]
+                got, seconds = self._timed(proposer, proposer.propose, members, members, [ks[b] for b in group])
+                work[method] = [len(group), seconds]
+                for b, p in zip(group, got):
+                    proposals[b] = constrained.with_forced(constrained.prune(p, rows[b].matcher), forced[b])
+        return [EMPTY if p is None else p for p in proposals], work
+
+    def _forced(self, row: Row) -> Proposal | None:
+        """The grammar's forced tokens as a chain of at most γmax, the row's budget - 1 and its cache room; None
+        without a grammar, with γ 0 asked, or nothing forced."""
+        if row.matcher is None or row.request.gamma == 0 or not self.config.forced_tokens:
+            return None
+        return constrained.forced(row.matcher, min(self.gamma_max, row.budget - 1, self.target.room(row.slot) - 1))
+
+    def _observe(self, rows: list[Row], updates: list, news: list, keeps: list, out, work: dict) -> None:
+        """Medusa / EAGLE continue from the target's features at each row's kept nodes; a tree method's proposer
+        work of the step (propose + observe) is its policy's D(B)."""
+        for b, (row, update) in enumerate(zip(rows, updates)):
+            if row.proposer.feature is not None and not update.finish_reason:
+                hidden = out.outputs[self.feature][b, keeps[b]]  # [n + 1, F]: "hidden" (H) or EAGLE-3's "aux_hidden"
+                seconds = self._timed(row.proposer, row.proposer.observe, [row], row, news[b], hidden)[1]
+                if row.method in work:
+                    work[row.method][1] += seconds
+        for method, (count, seconds) in work.items():
+            if self.proposers[method].tree:
+                self.policies[method].record_draft(count, 1, seconds)
 
     def _verify(self, row: Row, p: Proposal, logits: np.ndarray) -> tuple[np.ndarray, list[int], list | None]:
         """One row's verification over its logits [k + 1, V]: (the positions its cache keeps, the tokens
         it emits, their logprobs if asked). Token j of the emitted ones came from kept position j."""
-        if row.params.penalized:  # each position penalised with its own history
-            logits = penalize(logits, row.params, row.seq, row.prompt_len, p.prefixes())
+        if row.matcher is not None or row.params.processed:  # each position processed with its own history
+            logits = process_logits(logits, row, p.prefixes())
         path, nxt = verify(p, logits, row.params, row.rng, self.config.acceptance)
         if p.tree is None:  # a chain keeps its first n + 1 positions: the last token and n accepted
             keep, new = np.arange(len(path) + 1), [*p.tokens[: len(path)].tolist(), nxt]
@@ -271,33 +367,38 @@ class DecodeCore:
             keep, new = np.concatenate([[0], path]), [*p.tokens[path - 1].tolist(), nxt]
         return keep, new, self._logprobs(row, logits, keep, new)
 
-    def _step_fixed_gamma(self, rows: list[Row]) -> int | None:
-        """The step's fixed γ: the rows' own when they all ask the same one, else the config's (None: the policy)."""
+    def _step_fixed_gamma(self, method: str, rows: list[Row]) -> int | None:
+        """The fixed γ of a method's rows: their own when they all ask the same one, else the config's (None: the
+        policy)."""
         own = {row.request.gamma for row in rows}
         if len(own) == 1 and None not in own:
-            return self.fixed_gamma(own.pop())
-        return self.policy.config.fixed_gamma
+            return self.fixed_gamma(own.pop(), method)
+        return self.policies[method].config.fixed_gamma
 
     def _row_gamma(self, row: Row, decision: PolicyDecision) -> int:
-        """A row's γ this step: its request's own, else the step's decision."""
-        return decision.gamma if row.request.gamma is None else self.fixed_gamma(row.request.gamma)
+        """A row's γ this step: its request's own, else its method's decision."""
+        return decision.gamma if row.request.gamma is None else self.fixed_gamma(row.request.gamma, row.method)
 
     def _room(self, row: Row, gamma: int) -> int:
         """The proposal size this row may take: k tokens of a chain, or 1 = "a tree fits" (0: none)."""
         if gamma == 0 or row.budget <= 1:
             return 0
         room = self.target.room(row.slot) - 1  # positions after the root
-        if self.proposer.tree:
-            return int(room >= self.proposer.max_nodes)
+        if row.proposer.tree:
+            return int(room >= row.proposer.max_nodes)
         return max(0, min(gamma, row.budget - 1, room))
 
     def _record(self, row: Row, gamma: int, p: Proposal, n: int) -> None:
         c = row.counts
         c.target_passes += 1
+        if p.forced:  # the grammar's tokens, not the method's: counted apart, no acceptance estimate
+            row.forced += len(p.tokens)
+            row.forced_accepted += n
+            return
         if p.tree is not None:
             k = p.tree.depth
             c.record(k, n, p.tree.size)
-        elif self.proposer.tree:
+        elif row.proposer.tree:
             c.fallback_steps += 1
             return
         else:
@@ -307,12 +408,12 @@ class DecodeCore:
         row.alpha.update(k, n)
         self.served.update(k, n)
 
-    def _timed(self, fn, rows, *args):
-        """Run a proposer call; its wall time and graph calls count for each of ``rows``.
+    def _timed(self, proposer: Proposer, fn, rows, *args):
+        """Run a call of ``proposer``; its wall time and graph calls count for each of ``rows``.
         Returns (the call's result, its seconds)."""
-        t0, passes = time.perf_counter(), self.proposer.passes
+        t0, passes = time.perf_counter(), proposer.passes
         result = fn(*args)
-        dt, dp = time.perf_counter() - t0, self.proposer.passes - passes
+        dt, dp = time.perf_counter() - t0, proposer.passes - passes
         for row in rows:
             row.counts.proposer_seconds += dt
             row.counts.proposer_passes += dp
@@ -327,9 +428,10 @@ class DecodeCore:
         return top_logprobs(logits[kept], tokens, row.params, row.params.logprobs)
 
     def _emit(self, row: Row, new: list[int], logprobs: list[tuple] | None = None) -> SequenceUpdate:
-        """Apply EOS, stop ids, stop strings and the length limit to new tokens."""
-        events, finish = [], None
-        for i, tok in enumerate(new):
+        """Apply EOS, stop ids, stop strings, the length limit and a complete grammar to new tokens; the row's
+        grammar state advances by each token emitted (and only here)."""
+        events, finish = [], "stop" if grammar_complete(row) else None  # (a grammar that took the empty output)
+        for i, tok in enumerate([] if finish else new):
             row.out.append(tok)
             row.seq.append(tok)
             lp, top = logprobs[i] if logprobs else (None, None)
@@ -337,9 +439,12 @@ class DecodeCore:
                 finish = "stop"
                 events.append(StreamEvent(tok, "", lp, top))
                 break
+            if row.matcher is not None:
+                row.matcher.advance([tok])
             text = row.stops.feed(row.detok.add(tok))
             row.text += text
-            finish = "stop" if row.stops.hit else ("length" if len(row.out) >= row.limit else None)
+            done = row.stops.hit or grammar_complete(row)
+            finish = "stop" if done else ("length" if len(row.out) >= row.limit else None)
             events.append(StreamEvent(tok, text, lp, top))
             if finish:
                 break
@@ -356,11 +461,14 @@ class DecodeCore:
     def stats_for(self, row: Row) -> dict:
         acceptance = self.config.acceptance
         curve = self.policy.target_curve
-        stats = sequence_stats(row.counts, self.config.method, len(row.out), self.proposer,
+        stats = sequence_stats(row.counts, row.method, len(row.out), row.proposer,
                                curve.seconds if curve else (lambda n: 0.0), self.gamma_max, acceptance,
-                               lossy=acceptance == "typical" and not row.params.greedy)
-        if self.config.method != "none":
+                               lossy=acceptance == "typical" and row.method == "medusa" and not row.params.greedy)
+        if row.method != "none":
             stats["alpha_estimate"] = row.alpha.alpha  # the decayed estimate the policy used last
+        if row.matcher is not None:  # forced: grammar-forced tokens proposed (not in proposed / accepted)
+            stats.update(forced=row.forced, forced_accepted=row.forced_accepted,
+                         grammar_mask_seconds=row.matcher.mask_seconds)
         return stats
 
     # ---- measurements --------------------------------------------------------------------------
@@ -371,17 +479,20 @@ class DecodeCore:
         skew them); shapes the curves already hold are skipped. Only while idle."""
         if self.rows:
             raise RuntimeError("calibrate only while no sequence is active")
+        self.prefix.clear()  # the timed passes write into the slots
         g = self.gamma_max
-        top = self.proposer.max_nodes + 1 if self.proposer.tree else g + 1
-        past = max(0, min(past or 32, self.max_len - top - 1))
+        chains = any(not p.tree for m, p in self.proposers.items() if m != "none")
+        tops = {g + 1} if chains else set()  # the largest pass of each method: its chain or its tree
+        tops |= {p.max_nodes + 1 for p in self.proposers.values() if p.tree}
+        past = max(0, min(past or 32, self.max_len - max(tops) - 1))
         sizes = sorted({*(2 ** i for i in range(self.config.max_batch.bit_length())), self.config.max_batch})
         def target_qs(b: int):
-            return range(1, top + 1) if b == 1 and not self.proposer.tree else (1, top)
+            return sorted({*range(1, g + 2), *tops} if b == 1 and chains else {1, *tops})
 
         plan = [(self.target, self.policy.target_curve, target_qs)]
-        draft = self.proposer.runner if self.config.method == "draft" else None
-        if draft is not None:  # (a caller's own proposer may have no draft model)
-            plan.append((draft, self.policy.draft_curve, lambda b: (1,)))
+        draft = self.proposers.get("draft")
+        if draft is not None and draft.runner is not None:  # (a caller's own proposer may have no draft model)
+            plan.append((draft.runner, self.policies["draft"].draft_curve, lambda b: (1,)))
         for runner, curve, shapes in plan:
             for b in sizes:
                 for q in shapes(b):
@@ -391,51 +502,18 @@ class DecodeCore:
                     runner.set_length(slot, 0)
 
 
-def time_pass(runner, batch: int, q: int, past: int, reps: int) -> float:
-    """The fastest of ``reps`` calls (after a warm-up) of [batch, q] tokens after ``past`` stale entries."""
-    slots, ids = np.arange(batch), np.zeros((batch, q), np.int64)
-    for slot in slots:
-        runner.set_length(slot, past)
-    times = []
-    for i in range(reps + 1):
-        t0 = time.perf_counter()
-        runner.forward(slots, ids, record=False)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def pack(rows: list[Row], proposals: list[Proposal]):
-    """The target pass's inputs: (slots [B], ids [B, Q], blocks, depths) for ``HostRunner.forward``."""
-    if len(rows) == 1 and proposals[0].tree is None:  # one chain: no padding
-        return [rows[0].slot], [[rows[0].seq[-1], *proposals[0].tokens.tolist()]]
-    q = max(p.positions for p in proposals)
-    ids = np.zeros((len(rows), q), dtype=np.int64)  # [B, Q]: last token, proposal, padding (id 0)
-    for b, (row, p) in enumerate(zip(rows, proposals)):
-        ids[b, 0] = row.seq[-1]
-        ids[b, 1 : p.positions] = p.tokens
-    slots = np.array([row.slot for row in rows], dtype=np.int64)
-    if all(p.tree is None for p in proposals):
-        return slots, ids
-    blocks = [p.tree.mask if p.tree is not None else None for p in proposals]
-    depths = [p.tree.depths if p.tree is not None else None for p in proposals]
-    return slots, ids, blocks, depths
-
-
-def fixed_gamma(method: str, proposer: Proposer, gamma: int | None) -> int | None:
-    """The policy's fixed γ for a requested γ (None: the policy decides): 0 for method "none"; a tree
-    method has one speculative choice, its whole tree: γ >= 1 means "always verify the tree", 0 "never"."""
-    if method == "none":
-        return 0
-    return min(gamma, 1) if gamma is not None and proposer.tree else gamma
-
-
 def check_config(config: CoreConfig, gamma_max: int) -> None:
     """A clear error for a bad size, γ or acceptance rule (the method: ``methods.check_method``)."""
     if config.max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {config.max_batch}")
     if config.gamma is not None and not 0 <= config.gamma <= gamma_max:
         raise SamplingError(f"gamma must be in 0..{gamma_max} or None for the policy, got {config.gamma}")
-    if config.acceptance not in ACCEPTANCE or (config.acceptance != "exact" and config.method != "medusa"):
+    methods = set(parse_methods(config.method)) - {"none"}
+    if config.acceptance not in ACCEPTANCE or (config.acceptance != "exact" and methods != {"medusa"}):
         raise SamplingError(f"acceptance must be one of {', '.join(ACCEPTANCE)} ('typical' is lossy and only for "
                             f"method 'medusa'), got {config.acceptance!r} with method {config.method!r}")
+
+
+def grammar_complete(row: Row) -> bool:
+    """The row's grammar allows nothing more (complete, and the model has no EOS id to say so)."""
+    return row.matcher is not None and row.matcher.exhausted

@@ -107,6 +107,22 @@ class Runner:
         self.copy(src, dst)
         self.release(src)
 
+    def swap(self, a: int, b: int, n: int) -> None:
+        """Exchange slots ``a`` and ``b``: their first ``n`` entries and their lengths (runtime/prefix_cache.py:
+        a leaving row's cache goes to the free end instead of being overwritten). Needs ``entries``."""
+        if a != b and n:
+            x, y = self.entries(a, n), self.entries(b, n)
+            was = x.copy()
+            x[...] = y
+            y[...] = was
+        self.lengths[[a, b]] = self.lengths[[b, a]]
+
+    def copy_entries(self, src: int, dst: int, n: int) -> None:
+        """Copy the first ``n`` entries of slot ``src`` into slot ``dst``, whatever the lengths say (a free
+        slot that keeps a cache has length 0); lengths unchanged. Needs ``entries``."""
+        if src != dst and n:
+            self.entries(dst, n)[...] = self.entries(src, n)
+
 
 class HostRunner(Runner):
     """One graph and its batched cache in host memory.
@@ -203,4 +219,8 @@ class HostRunner(Runner):
         n = int(self.lengths[src])
         self.data[:, :n, dst] = self.data[:, :n, src]
         self.lengths[dst] = n
+
+    def entries(self, slot: int, n: int) -> np.ndarray:
+        """A view of the first ``n`` entries of ``slot``: [2 * layers, n, Hkv, D]."""
+        return self.data[:, :n, slot]
 

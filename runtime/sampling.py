@@ -20,6 +20,12 @@ draft's q the same way (the same function on both sides):
                         logit is positive, logit * r otherwise (HF's and vLLM's rule; 1 = off)
     frequency_penalty   logit -= f * (times the token occurs in the output)   (0 = off)
     presence_penalty    logit -= p * (1 if the token occurs in the output)    (0 = off)
+
+``process_logits`` is THE processing of a sequence's raw logits at each position it is sampled or
+verified at (the first token after prefill, the target's verify rows, the draft model's q): the
+penalties, then ``logit_bias`` (OpenAI: added to the logits), ``min_tokens`` (vLLM: EOS and stop token
+ids impossible before that many tokens) and the grammar's mask (runtime/constraints.py: forbidden
+tokens -inf), each with the position's own history (the sequence plus the proposal prefix before it).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence in the output
     repetition_penalty: float = 1.0  # in [0.01, 100]: divides positive / multiplies negative logits of seen tokens; 1 = off
     logprobs: int | None = None  # report each emitted token's log-probability and this many alternatives; None = off
+    logit_bias: tuple = ()  # ((token id, bias in [-100, 100]), ...) added to the logits (a dict is accepted)
+    min_tokens: int = 0  # EOS and stop_token_ids are impossible until this many tokens are generated
 
     def __post_init__(self):
         t, k, p, mp = self.temperature, self.top_k, self.top_p, self.min_p
@@ -71,6 +79,10 @@ class SamplingParams:
         lp = self.logprobs
         if lp is not None and (not isinstance(lp, (int, np.integer)) or isinstance(lp, bool) or not 0 <= lp <= 20):
             raise SamplingError(f"logprobs must be an integer in 0..20 (alternatives per token) or None, got {lp!r}")
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+        m = self.min_tokens
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or not 0 <= m <= self.max_new_tokens:
+            raise SamplingError(f"min_tokens must be an integer in 0..max_new_tokens ({self.max_new_tokens}), got {m!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
@@ -83,6 +95,78 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+
+    @property
+    def processed(self) -> bool:
+        """Whether ``process_logits`` changes logits under these params alone (a grammar aside)."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+
+
+def check_logit_bias(bias, vocab_size: int | None = None) -> tuple:
+    """``logit_bias`` as sorted ((id, bias), ...) pairs from a dict or pairs; SamplingError for an id that is not
+    an integer >= 0 (or >= ``vocab_size`` when given) or a bias outside [-100, 100]."""
+    pairs = bias.items() if isinstance(bias, dict) else bias
+    try:
+        pairs = list(pairs or ())
+        out = {}
+        for tok, b in pairs:
+            if not isinstance(tok, (int, np.integer)) or isinstance(tok, bool) or tok < 0:
+                raise SamplingError(f"logit_bias keys must be token ids (integers >= 0), got {tok!r}")
+            if vocab_size is not None and tok >= vocab_size:
+                raise SamplingError(f"logit_bias token id {tok} is outside the vocabulary [0, {vocab_size})")
+            if not isinstance(b, (int, float, np.number)) or isinstance(b, bool) or not -100 <= b <= 100:
+                raise SamplingError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {tok}")
+            out[int(tok)] = float(b)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, SamplingError):
+            raise
+        raise SamplingError(f"logit_bias must map token ids to biases, got {bias!r:.80}") from None
+    return tuple(sorted(out.items()))
+
+
+def process_logits(logits: np.ndarray, row, prefixes=None) -> np.ndarray:
+    """A sequence's raw logits [N, V] -> processed logits [N, V]: the penalties, ``logit_bias``, ``min_tokens``
+    and the grammar's mask (forbidden tokens -inf), position i with history row.seq + prefixes[i]. Unchanged
+    (not copied) when nothing applies.
+
+    row: the sequence (a decode core ``Row``): ``params``, ``seq`` (prompt + output), ``prompt_len``,
+    ``end_ids`` (EOS and stop token ids) and ``matcher`` (its grammar state, None without a constraint);
+    prefixes: per row of ``logits`` the proposal tokens before it (None: none). Where min_tokens and the
+    grammar leave no token (the grammar is complete), the grammar wins; where the grammar allows nothing,
+    the row is left unmasked (the core ends the sequence before such a position is emitted).
+    Worked example: row.seq = prompt + [a], min_tokens 2, prefixes [[], [b]] -> EOS -inf in row 0 only.
+    """
+    params = row.params
+    x = penalize(logits, params, row.seq, row.prompt_len, prefixes)
+    if params.logit_bias:
+        x = np.array(x, dtype=np.float64) if x is logits else x
+        ids, bias = zip(*params.logit_bias)
+        x[:, list(ids)] += np.array(bias)
+    keep = _allowed(row, x.shape, prefixes)  # [N, V] | None
+    return x if keep is None else np.where(keep, x, -np.inf)
+
+
+def _allowed(row, shape: tuple, prefixes) -> np.ndarray | None:
+    """bool [N, V]: what min_tokens and the grammar allow at each position (None: everything)."""
+    params, matcher, (n, v) = row.params, row.matcher, shape
+    generated = len(row.seq) - row.prompt_len
+    if matcher is None and generated >= params.min_tokens:
+        return None
+    lengths = [len(p) for p in prefixes] if prefixes is not None else [0] * n
+    grammar = matcher.masks(prefixes if prefixes is not None else [()] * n) if matcher is not None else None  # [N, V]
+    early = np.array([generated + k < params.min_tokens for k in lengths])  # [N] EOS and stop ids still forbidden
+    ends = [i for i in row.end_ids if 0 <= i < v] if early.any() else []
+    if grammar is None and not ends:
+        return None
+    keep = np.ones((n, v), bool) if grammar is None else grammar  # (masks() returns a fresh array)
+    if ends:
+        keep = keep.copy()
+        keep[np.ix_(early, ends)] = False
+    empty = ~keep.any(-1)  # [N] min_tokens against a complete grammar: the grammar wins
+    if empty.any():
+        keep[empty] = grammar[empty] if grammar is not None else True
+        keep[~keep.any(-1)] = True  # nothing allowed at all: never emitted (the core ends the sequence first)
+    return keep
 
 
 def penalize(logits: np.ndarray, params: SamplingParams, seq, prompt_len: int, prefixes=None) -> np.ndarray:

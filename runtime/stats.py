@@ -14,6 +14,7 @@ class SequenceCounts:
     """Counters of one sequence, updated by the decode core every round."""
 
     target_passes: int = 0  # target graph calls this sequence took part in (prefill chunks included)
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (not prefilled)
     proposed: int = 0  # tokens proposed (a tree round counts its depth: the most it can accept)
     accepted: int = 0  # proposed tokens the target kept
     rounds: int = 0  # speculative rounds (verify passes after the first token)
@@ -52,6 +53,7 @@ def sequence_stats(s: SequenceCounts, method: str, new_tokens: int, proposer, se
     rounds = max(s.rounds, 1)
     per_pass = (s.accepted + s.rounds) / rounds
     stats = {"method": method, "new_tokens": new_tokens, "target_passes": s.target_passes,
+             "cached_tokens": s.cached_tokens,
              "proposed": s.proposed, "accepted": s.accepted,
              "acceptance_rate": s.accepted / s.proposed if s.proposed else 0.0, "rounds": s.rounds,
              "tokens_per_pass": per_pass}

@@ -16,12 +16,21 @@ protocol below; what it keeps about a sequence is keyed by the row's request id
 
 Rows carry ``slot`` (the row's cache slot), ``seq`` (prompt + emitted tokens), ``params``
 (``SamplingParams``), ``rng`` (the row's generator: a proposer that samples draws from it, so a
-row's random stream does not depend on the rest of the batch) and ``request`` (its
-``SequenceRequest``: ``request_id``, ``cache_scope``).
+row's random stream does not depend on the rest of the batch), ``request`` (its
+``SequenceRequest``: ``request_id``, ``cache_scope``) and ``matcher`` (its grammar state, None
+without a constraint). A proposer that samples (the draft model) turns its logits into q with
+``sampling.process_logits`` exactly as the target's are (penalties, logit_bias, min_tokens, the
+grammar's mask at the same prefix); the core cuts every proposal where the grammar forbids a
+token (``constrained.prune``), so deterministic proposers need not know about constraints.
+A core may hold several proposers (one per method it serves); each row has its own.
 
 Cache slots are the core's: a proposer with a model cache of its own (the draft model, the EAGLE
 head) exposes it as ``runner``, slot for slot with the target's, and the core moves and frees
-that runner's slots with the target's. Worked example, n-gram at γ = 3 on row.seq = [5, 1, 2, 3,
+that runner's slots with the target's. For the prefix cache (runtime/prefix_cache.py) such a proposer
+also has ``cached(row)`` (asked as a row leaves: how many leading tokens of row.seq its slot covers) and
+``cache_lag`` (entries = tokens covered - lag; default 0), and ``start`` continues from the entries the
+core left in the slot (``runner.lengths[row.slot]``; 0 = a cold start); ``hidden`` then covers only the
+prompt positions the target ran (the last ones). Worked example, n-gram at γ = 3 on row.seq = [5, 1, 2, 3,
 9, 1, 2]: ``propose([row], [3])`` -> ``[Proposal(tokens=[3, 9, 1])]``; the target verifies
 [2, 3, 9, 1] in one pass.
 """
@@ -40,6 +49,7 @@ class Proposal:
     tokens: np.ndarray  # int64 [k]: a chain x_1..x_k, or a tree's nodes 1..k (node 0, the root, is the last emitted token)
     q: np.ndarray | None = None  # float [k, V] a chain's proposer distributions; None = deterministic (point masses)
     tree: Tree | None = None  # the candidate tree (tree.size == k + 1); None = a chain
+    forced: bool = False  # the grammar's forced tokens (runtime/proposers/constrained.py), not the proposer's
 
     @property
     def positions(self) -> int:

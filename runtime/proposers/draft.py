@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ..sampling import penalize, probs, sample
+from ..sampling import probs, process_logits, sample
 from . import EMPTY, Proposal
 
 
@@ -16,9 +16,10 @@ class DraftProposer:
     with the target's. A row's draft cache holds a prefix of its sequence. ``propose`` first feeds every row's
     tokens the draft has not seen (after a round: the accepted tail, the recovered or bonus
     token, and the last proposal when all were accepted) in ONE call, then one call per draft
-    step for the rows that still need tokens. q comes from the same ``probs()`` as the target's
-    p, and each row samples from its own generator, so a row's proposals do not depend on the
-    rest of the batch. Worked example, γ = 3, two rows with k = (3, 1):
+    step for the rows that still need tokens. q comes from the same ``process_logits`` and ``probs()``
+    as the target's p (penalties, logit_bias, min_tokens and the grammar's mask after the same
+    prefix x_1..x_{i-1}: a sampled token is always one the grammar allows), and each row samples
+    from its own generator, so a row's proposals do not depend on the rest of the batch. Worked example, γ = 3, two rows with k = (3, 1):
 
         call 1  [2, U]  each row's unseen tokens (padded)  -> x1 for both rows
         call 2  [1, 1]  row 0 feeds x1                     -> x2 for row 0
@@ -36,10 +37,18 @@ class DraftProposer:
         self.passes = 0  # draft graph calls made by propose
 
     def start(self, row, hidden) -> None:
-        self.runner.release(row.slot)
         prompt = row.seq[:-1]
-        self.runner.prefill(row.slot, prompt)
+        kept = int(self.runner.lengths[row.slot])  # a cached prefix the core left in the slot (0: none)
+        self.runner.prefill(row.slot, prompt[kept:])
         self.seen[row.request.request_id] = list(prompt)
+
+    def cached(self, row) -> int:
+        """Leading tokens of ``row.seq`` whose entries the draft's slot holds (runtime/prefix_cache.py)."""
+        seen, seq = self.seen.get(row.request.request_id, ()), row.seq
+        n, limit = 0, min(len(seen), len(seq))
+        while n < limit and seen[n] == seq[n]:
+            n += 1
+        return n
 
     def _unseen(self, row) -> list[int]:
         """Roll the row's draft cache back to its longest common prefix with row.seq; returns the rest."""
@@ -73,7 +82,7 @@ class DraftProposer:
             for j, b in enumerate(active):
                 if i < ks[b]:
                     row, params = rows[b], rows[b].params
-                    x = penalize(logits[j][None], params, row.seq, row.prompt_len, [tokens[j]])  # the target's rule
+                    x = process_logits(logits[j][None], row, [tokens[j]])  # the target's rule, at the same prefix
                     if params.greedy:
                         tokens[j].append(int(np.argmax(x[0])))
                     else:

@@ -147,6 +147,7 @@ class EagleProposer:
     tree, step_seconds = True, None
     tree_name = "eagle-dynamic"
     passes_name = "head_passes"  # the stats key of ``passes``
+    cache_lag = 1  # head row t needs token t + 1: its cache covers one token more than it has rows
 
     def __init__(self, head: HeadRunner, topk: int, depth: int, nodes: int, fc=None):
         self.runner = head  # the head's cache, slot for slot with the target's
@@ -165,14 +166,25 @@ class EagleProposer:
         if hidden is None:
             raise EngineError(f"method eagle: the target runner gives no {self.feature!r} output (the device runner "
                               "has `hidden` only: run an EAGLE-3 engine on the host runners)")
-        self.runner.release(row.slot)
-        self.states[row.request.request_id] = EagleState(pending=[(row.seq[1:], hidden)])  # rows 0..L-2: f_0..f_{L-2}
+        n = len(row.seq) - 1 - len(hidden)  # prompt positions hidden lacks: a cached prefix, its head rows kept
+        self.runner.rollback(row.slot, n)  # (runtime/prefix_cache.py: the core left exactly n rows in the slot)
+        self.states[row.request.request_id] = EagleState(pending=[(row.seq[n + 1:], hidden)])  # rows n..L-2
 
     def observe(self, row, new, hidden) -> None:
         self.states[row.request.request_id].pending.append((new, hidden))  # rows start..start+n, run before the next draft
 
     def finish(self, row) -> None:
         self.states.pop(row.request.request_id, None)
+
+    def cached(self, row) -> int:
+        """Leading tokens of ``row.seq`` the head's slot covers (runtime/prefix_cache.py): rows 0..h-1 are built
+        from tokens 0..h (``cache_lag`` 1). The buffered rows run first (one head call), so a sequence that never
+        drafted (the policy at γ = 0) still leaves its whole history."""
+        if row.request.request_id not in self.states:
+            return 0
+        self._catch_up(row)
+        h = int(self.runner.lengths[row.slot])
+        return h + 1 if h else 0
 
     def _catch_up(self, row) -> None:
         """Run the head on every row it has not seen (one call): the head invariant again. Rows are

@@ -1,0 +1,213 @@
+"""Automatic prefix caching (runtime/prefix_cache.py): a prompt that starts with tokens a free slot kept skips
+their prefill, and the output is a cold run's (greedy token for token, seeded sampling the same draws) for every
+method, through the decode core, ``Runtime.generate`` and the server."""
+import httpx
+import numpy as np
+import pytest
+
+import specrt
+from reference import run_all
+from serving import AUTH, MODEL, metrics
+from specrt.runtime.core import CoreConfig, SequenceRequest
+from specrt.runtime.prefix_cache import PrefixCache, Retained, shared_prefix
+from specrt.runtime.sampling import SamplingParams
+
+P1 = [(7 * i) % 30 + 1 for i in range(20)]  # 20 tokens: two prefill chunks of 16 (vocab 32)
+SHORT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]  # the heads' engines (vocab 16, max_len 32 / 48)
+
+
+def warm_core(rt, method, gamma=None, max_batch=2, prefix=True):
+    core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma, calibrate=False,
+                                  prefix_cache=prefix))
+    core.prefix.min_hit = 4  # the tiny engines' prompts are short
+    return core
+
+
+def run(core, prompt, rid, params=None, n=8):
+    """One request alone through ``core``: (token ids, stats)."""
+    done = run_all(core, [SequenceRequest(rid, list(prompt), params or SamplingParams(max_new_tokens=n))])[rid]
+    return done[0], done[3]
+
+
+@pytest.fixture(scope="module")
+def engines(llama_engine, llama_fused_engine):
+    return {"traced": specrt.load(llama_engine), "fused": specrt.load(llama_fused_engine)}
+
+
+def test_shared_prefix_and_the_swap_of_two_slots(engines):
+    assert shared_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and shared_prefix([], [1]) == 0
+    for rt in engines.values():
+        runner = rt.runner("target", 3)[0]
+        runner.prefill(0, P1[:5])
+        runner.prefill(2, P1[5:17])
+        a, b = runner.entries(0, 5).copy(), runner.entries(2, 12).copy()
+        runner.swap(0, 2, 12)
+        assert runner.lengths.tolist() == [12, 0, 5]
+        assert np.array_equal(runner.entries(0, 12), b) and np.array_equal(runner.entries(2, 5), a)
+        runner.copy_entries(0, 1, 12)
+        assert runner.lengths[1] == 0 and np.array_equal(runner.entries(1, 12), b)
+
+
+@pytest.mark.parametrize("kind,method,gamma", [("traced", "none", None), ("traced", "draft", 3), ("traced", "ngram", 3),
+                                               ("fused", "draft", None)])
+def test_repeated_multi_turn_and_partial_prompts_equal_a_cold_run(engines, kind, method, gamma):
+    rt = engines[kind]
+    warm, cold = warm_core(rt, method, gamma), warm_core(rt, method, gamma, max_batch=1, prefix=False)
+    first, _ = run(warm, P1, "a")
+    turn = P1 + first + [3, 4]  # the next chat turn: prompt, answer, more
+    cases = [(P1, len(P1) - 1), (turn, len(P1) + len(first) - 1), (P1[:12] + [5, 5, 5], 12)]
+    for i, (prompt, cached) in enumerate(cases):
+        got, stats = run(warm, prompt, f"w{i}")
+        assert got == run(cold, prompt, f"c{i}")[0], (method, i)
+        assert stats["cached_tokens"] == cached, (method, i)
+    assert warm.prefix.hits == 3 and warm.prefix.hit_tokens == sum(c for _, c in cases)
+    assert not warm.target.lengths.any()  # free slots keep their entries, not their lengths
+
+
+def test_a_repeated_prompt_runs_one_target_position_and_no_draft_prefill(engines):
+    rt = engines["traced"]
+    warm = warm_core(rt, "draft", 3)
+    run(warm, P1, "a")
+    target_calls, draft_calls = warm.target.calls, warm.proposer.runner.calls
+    warm.add(SequenceRequest("b", P1, SamplingParams(max_new_tokens=8)))
+    assert warm.target.calls - target_calls == 1  # the last prompt token alone
+    assert warm.proposer.runner.calls == draft_calls  # the draft's own cache held the whole prompt
+    assert warm.proposer.runner.lengths[0] == len(P1) and warm.target.lengths[0] == len(P1)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_seeded_sampling_is_the_cold_run(engines, method):
+    rt = engines["traced"]
+    warm, cold = warm_core(rt, method, 3), warm_core(rt, method, 3, max_batch=1, prefix=False)
+    params = SamplingParams(temperature=1.0, seed=7, max_new_tokens=12)
+    first, _ = run(warm, P1, "a", params)
+    for i, prompt in enumerate([P1, P1 + first[:5] + [9]]):
+        got, stats = run(warm, prompt, f"w{i}", params)
+        assert stats["cached_tokens"] > 0
+        assert got == run(cold, prompt, f"c{i}", params)[0], (method, i)
+
+
+def test_a_group_of_choices_forks_the_cached_prefix(engines):
+    """n choices of one prompt: one prefill of the uncached rest, the target's and the draft's caches copied to each."""
+    rt = engines["traced"]
+    warm, cold = warm_core(rt, "draft", 2, max_batch=3), warm_core(rt, "draft", 2, max_batch=1, prefix=False)
+    run(warm, P1, "a")
+    params = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=10) for s in (1, 2)]
+    ups = warm.add_group([SequenceRequest(f"g{i}", P1, p) for i, p in enumerate(params)])
+    tokens = {u.request_id: [e.token_id for e in u.events] for u in ups}
+    while warm.rows:
+        for u in warm.step()[0]:
+            tokens[u.request_id] += [e.token_id for e in u.events if e.token_id is not None]
+    for i, p in enumerate(params):
+        assert tokens[f"g{i}"] == run(cold, P1, f"c{i}", p)[0]
+    assert warm.prefix.hit_tokens == len(P1) - 1
+
+
+def test_eviction_keeps_the_most_recent_prompts(engines):
+    """Two slots, three prompts: the least recently used one is evicted, the others stay reusable."""
+    rt = engines["traced"]
+    warm, cold = warm_core(rt, "none"), warm_core(rt, "none", max_batch=1, prefix=False)
+    a, b, c = P1, [9, 8, 7, 6, 5, 4, 3, 2], [11, 12, 13, 14, 15, 16]
+    for i, (prompt, cached) in enumerate([(a, 0), (b, 0), (c, 0), (a, 0), (c, len(c) - 1), (b, 0)]):
+        got, stats = run(warm, prompt, f"w{i}")
+        assert stats["cached_tokens"] == cached, i  # a was evicted by c; b by a; c stayed
+        assert got == run(cold, prompt, f"c{i}")[0]
+
+
+def test_concurrent_rows_and_a_cancelled_row(engines):
+    """A row that leaves from the middle of the batch swaps with the last one: the rows that stay are intact,
+    and the cancelled row's slot keeps its prompt and partial output for the next prompt."""
+    rt = engines["fused"]
+    warm, cold = warm_core(rt, "draft", 2, max_batch=3), warm_core(rt, "draft", 2, max_batch=1, prefix=False)
+    long = SamplingParams(max_new_tokens=20)
+    other = [4, 4, 2, 9, 1, 30, 12, 7, 7]
+    out = []
+    for rid, prompt in (("gone", P1), ("stays", other)):
+        out.append(warm.add(SequenceRequest(rid, prompt, long)))
+    for _ in range(3):
+        out += warm.step()[0]
+    gone = warm.rows[0].seq[:]
+    assert warm.remove("gone") and warm.rows[0].request.request_id == "stays" and warm.rows[0].slot == 0
+    while warm.rows:
+        out += warm.step()[0]
+    stays = [e.token_id for u in out if u.request_id == "stays" for e in u.events if e.token_id is not None]
+    assert stays == run(cold, other, "c-other", long)[0]  # the row that moved into the hole was not disturbed
+    prompt = gone + [5]
+    got, stats = run(warm, prompt, "next")
+    assert stats["cached_tokens"] >= len(gone) - 1 and got == run(cold, prompt, "c-next")[0]
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_tree_methods_equal_a_cold_run(request, method):
+    """Medusa reads the target's last feature; the EAGLE head keeps its own rows for the prefix (one lag: row t
+    needs token t + 1) and gets the target's features from there on."""
+    rt = specrt.load(request.getfixturevalue(f"{method}_engine"))
+    warm, cold = warm_core(rt, method, 1, max_batch=2), warm_core(rt, method, 1, max_batch=1, prefix=False)
+    first, _ = run(warm, SHORT, "a", n=6)
+    lag = 1 if method == "eagle" else 0
+    for i, (prompt, cached) in enumerate([(SHORT, len(SHORT) - 1), (SHORT + first + [2], len(SHORT) + len(first) - 1),
+                                          (SHORT[:6] + [7, 7], 6 - lag)]):
+        got, stats = run(warm, prompt, f"w{i}", n=6)
+        assert got == run(cold, prompt, f"c{i}", n=6)[0], (method, i)
+        if i == 1 and method == "eagle":  # its head covers what it caught up on as the row left
+            assert len(SHORT) <= stats["cached_tokens"] <= cached
+        else:
+            assert stats["cached_tokens"] == cached, (method, i)
+        assert stats["accepted"] > 0 or stats["rounds"] == 0
+    out = warm.add_group([SequenceRequest(f"g{i}", SHORT, SamplingParams(max_new_tokens=6)) for i in range(2)])
+    while warm.rows:
+        out += warm.step()[0]
+    want = run(cold, SHORT, "c-group", n=6)[0]
+    for rid in ("g0", "g1"):  # the head's rows were forked with the target's: both choices are the cold run
+        assert [e.token_id for u in out if u.request_id == rid for e in u.events if e.token_id is not None] == want
+
+
+def test_generate_keeps_its_core_and_counts_hits(engines):
+    rt = specrt.load(engines["traced"].manifest.root)
+    a = rt.generate(P1, max_new_tokens=8, method="draft")
+    b = rt.generate(P1, max_new_tokens=8, method="draft")
+    assert (a.stats["cached_tokens"], b.stats["cached_tokens"]) == (0, len(P1) - 1) and a.token_ids == b.token_ids
+    turn = P1 + b.token_ids + [1]
+    c = rt.generate(turn, max_new_tokens=8, method="draft")
+    assert c.stats["cached_tokens"] == len(turn) - 2
+    assert rt.generate(turn, max_new_tokens=8, method="none").stats["cached_tokens"] == 0  # another core: cold
+    d = rt.generate(turn, max_new_tokens=8, method="draft")  # the shared target slot was rewritten: cold again
+    assert d.stats["cached_tokens"] == 0 and d.token_ids == c.token_ids
+
+
+def test_disabled_cache_and_a_proposer_without_cached(engines):
+    rt = engines["traced"]
+    off = warm_core(rt, "none", prefix=False)
+    run(off, P1, "a")
+    assert run(off, P1, "b")[1]["cached_tokens"] == 0 and off.prefix.hits == 0
+
+    class Opaque:  # a proposer with a cache of its own that cannot say what it holds
+        runner, feature, name = rt.runner("target", 2)[0], None, "none"
+
+    assert not PrefixCache(rt.runner("target", 2)[0], Opaque(), 2).enabled
+
+
+def test_lru_eviction_moves_the_newer_kept_slot(engines):
+    """Claiming slot 0 moves what it kept to the free slot holding the oldest (never the newest) sequence."""
+    rt = engines["traced"]
+    core = warm_core(rt, "none", max_batch=3)
+    cache = core.prefix
+    for slot, (prompt, used) in enumerate([([1, 2, 3], 5), ([4, 5, 6], 1), ([7, 8, 9], 3)]):
+        core.target.prefill(slot, prompt)
+        cache.kept[slot] = Retained(prompt, 3, core.proposer, 0, used)
+        core.target.release(slot)
+    want = core.target.entries(0, 3).copy()
+    assert cache.claim([10, 11, 12], 0, 1) == 0
+    assert [r.tokens if r else None for r in cache.kept] == [None, [1, 2, 3], [7, 8, 9]]
+    assert np.array_equal(core.target.entries(1, 3), want)
+
+
+def test_server_reports_cached_tokens(start_server, llama_engine):
+    srv = start_server(batch=CoreConfig(max_batch=2, method="ngram", calibrate=False))
+    body = {"model": MODEL, "prompt": "the cat sat on the mat, the cat", "max_tokens": 6, "temperature": 0}
+    first = httpx.post(srv.url + "/v1/completions", json=body, headers=AUTH).json()
+    second = httpx.post(srv.url + "/v1/completions", json=body, headers=AUTH).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == second["usage"]["prompt_tokens"] - 1
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert metrics(srv.url)[("specrt_prefix_cache_hit_tokens_total",)] == second["usage"]["prompt_tokens"] - 1
