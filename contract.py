@@ -91,6 +91,24 @@ def batch_mask(lengths: np.ndarray, q: int, blocks=None, past_visible: np.ndarra
     return mask
 
 
+def in_place_mask(lengths: np.ndarray, q: int, blocks=None, dtype=np.float32) -> np.ndarray:
+    """The additive mask of one call on an ``in_place`` cache: float [R, 1, Q, T], T = max(lengths) + Q, where
+    column t of row r is that row's cache entry t: its entries [0, L_r) visible, its new tokens at [L_r, L_r + Q)
+    under ``batch_mask``'s block for the row (causal chain, tree block, padding attends to itself), the rest masked.
+
+    Example (m = MASK_MIN): lengths [2, 0], Q = 2 -> row 0 [[0, 0, 0, m], [0, 0, 0, 0]], row 1 [[0, m, m, m],
+    [0, 0, m, m]].
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    r = len(lengths)
+    new = batch_mask(np.zeros(r, np.int64), q, blocks, dtype=dtype)[:, 0]  # [R, Q, Q] the rows' own blocks
+    cols = np.arange(int(lengths.max()) + q)
+    mask = np.where(cols < lengths[:, None], 0, MASK_MIN).astype(dtype)[:, None, None].repeat(q, axis=2)
+    rows, queries = np.arange(r)[:, None, None], np.arange(q)[None, :, None]
+    mask[rows, 0, queries, (lengths[:, None] + np.arange(q))[:, None, :]] = new
+    return mask
+
+
 def chain_mask(past: int, q: int, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
     """The mask of one unbatched causal call after ``past`` tokens: float [1, 1, Q, P+Q] (the fast path).
 

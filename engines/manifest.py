@@ -45,11 +45,15 @@ class GraphSpec:
     outputs: list  # [{"name", "dtype", "shape"}] in graph order
     vocab_sha256: str  # hash of the tokenizer vocabulary this model was exported with
     kv_layout: str = "time_major"  # "time_major" (traced graph) | "in_place" (fused graph): contract.py
-    quantize: str | None = None  # weight quantization of the graph's MatMuls: None | "int8" | "int4"
+    quantize: str | None = None  # MatMul quantization: None | "int8" | "int4" | "w8a8" [+ options] (export/quantize.py)
     sliding_window: int | None = None  # engine dirs before per-layer windows: one window on every layer, applied
     # by the runtime to the mask (contract.apply_sliding_window); graphs exported since apply theirs themselves
     windows: tuple | None = None  # per layer the sliding window the graph applies itself (None: full attention)
     aux_hidden_layers: tuple | None = None  # layers whose input hidden states form `aux_hidden` (EAGLE-3); None: no output
+    batched_file: str | None = None  # in_place graphs: the batched twin (calls of several rows of Q > 1 tokens),
+    # engine-dir relative; None: such calls run row by row
+    latency: dict | None = None  # export-time T(Q): {"q": [...], "seconds": [...], "ratio": [...], "past", ...}
+    # (export/latency.py); None: not measured (traced graphs, older engine dirs)
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,13 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      vocab_sha256=_require(m, "vocab_sha256", where),
                      kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
                      sliding_window=m.get("sliding_window"), windows=_windows(m, geo.num_layers, where),
-                     aux_hidden_layers=_aux_layers(m, geo.num_layers, where))
-    if not (root / spec.file).is_file():
-        raise EngineError(f"engine dir {root}: {role} graph file {spec.file!r} is missing")
+                     aux_hidden_layers=_aux_layers(m, geo.num_layers, where), batched_file=m.get("batched_file"),
+                     latency=_latency(m, where))
+    for name in (spec.file, spec.batched_file):
+        if name is not None and not (root / name).is_file():
+            raise EngineError(f"engine dir {root}: {role} graph file {name!r} is missing")
+    if spec.batched_file is not None and spec.kv_layout != "in_place":
+        raise EngineError(f"manifest.json: {where}batched_file is for kv_layout in_place graphs only")
     if spec.dtype not in ("fp32", "fp16"):
         raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
     if spec.kv_layout not in KV_LAYOUTS:
@@ -137,6 +145,20 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
         raise EngineError(f"manifest.json: {where}inputs/outputs do not match the graph contract for "
                           f"{geo.num_layers} layers (see docs/engine-format.md)")
     return spec
+
+
+def _latency(m: dict, where: str) -> dict | None:
+    """``latency``: absent, or {"q": [Q...], "seconds": [T(Q)...], ...} with one positive time per Q."""
+    c = m.get("latency")
+    if c is None:
+        return None
+    ok = (isinstance(c, dict) and isinstance(c.get("q"), list) and isinstance(c.get("seconds"), list)
+          and len(c["q"]) == len(c["seconds"]) > 0 and all(isinstance(q, int) and q >= 1 for q in c["q"])
+          and all(isinstance(t, (int, float)) and t > 0 for t in c["seconds"]))
+    if not ok:
+        raise EngineError(f"manifest.json: {where}latency must hold lists q (positive ints) and seconds "
+                          f"(positive) of one length, got {c!r}")
+    return c
 
 
 def _windows(m: dict, num_layers: int, where: str) -> tuple | None:

@@ -16,7 +16,7 @@ layer (ORT's shared past/present buffer): GroupQueryAttention writes the Q new e
 The additive mask and position_ids are the ones the traced graph takes, so chains, trees and
 stale cache entries work unchanged; a sliding-window layer (Mistral, Qwen2's ``max_window_layers``) takes
 that mask with its window applied in the graph (export/windows.py). ONNX Runtime's CPU kernel runs Q > 1
-only at batch 1.
+only at batch 1: export/batched_graph.py derives the graph's batched twin for calls of several rows with Q > 1.
 """
 from __future__ import annotations
 

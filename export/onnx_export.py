@@ -53,7 +53,7 @@ class ExportConfig:
     tree_mask: object = None  # bool [N, N] of an exported tree: adds a parity case at the tree-verify shape
     torch_weights: bool = False  # also save each model's HF weights (safetensors) to torch/<role>/ for the torch backend
     graph: str = "auto"  # "fused" (ORT fused ops, KV written in place) | "traced" (torch.onnx) | "auto": fused if possible
-    quantize: str | None = None  # MatMul weights: None (as dtype) | "int8" | "int4" (export/quantize.py)
+    quantize: str | None = None  # MatMul weights: None (as dtype) | "int8" | "int4" | "w8a8" | options (export/quantize.py)
     draft_quantize: str | None = "same"  # the draft's quantization: "same" (as quantize) | None | "int8" | "int4"
     parity_bounds: str | None = None  # override export/parity.py's BOUNDS: "off" | "kl_mean=..,top1=..,..." (recorded)
 
@@ -155,16 +155,26 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     report, absolute = check(cfg.dtype)
     entry = {}
     if cfg.quantize:
-        from .quantize import QuantizeError, quantize_graph
+        from .quantize import QuantizeError, parity_scheme, quantize_graph
 
         try:
-            entry["quantization"] = quantize_graph(path, cfg.quantize, external_data=big)
+            entry["quantization"] = quantize_graph(path, cfg.quantize, external_data=big,
+                                                   calibration_ids=calibration[0])  # smoothing statistics
         except QuantizeError as e:
             raise ExportError(str(e)) from None
         # against the unquantized torch model: the quantized model is a (slightly) different one
         unquantized = report
-        report, absolute = check(cfg.quantize)
+        report, absolute = check(parity_scheme(cfg.quantize))
         report["unquantized"] = {k: unquantized[k] for k in ("scheme", "cases", "bounds")}
+    if layout == "in_place":  # the graph of batched calls (Q > 1 at batch > 1), sharing the weights file
+        from .batched_graph import check_twin, write_twin
+
+        entry["batched_file"] = write_twin(path)
+        entry["batched_parity"] = check_twin(path, path.parent / entry["batched_file"], cfg.max_len, bool(cfg.quantize))
+    if layout == "in_place":  # T(Q)/T(1) of the graph as quantized, on this machine (export/latency.py)
+        from .latency import verify_curve
+
+        entry["latency"] = verify_curve(path, cfg.max_len, extra_qs=(cfg.gamma + 1,))
     in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden, cfg.aux_layers)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
             **({"aux_hidden_layers": list(cfg.aux_layers)} if cfg.aux_layers else {}),
@@ -277,9 +287,15 @@ def check_config(cfg: ExportConfig) -> None:
                           f"dtype={cfg.dtype!r} (fp32|fp16)")
     if cfg.graph not in ("auto", "fused", "traced"):
         raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
-    if cfg.quantize not in (None, "int8", "int4") or cfg.draft_quantize not in ("same", None, "int8", "int4"):
-        raise ExportError(f"invalid export config: quantize={cfg.quantize!r}, draft_quantize={cfg.draft_quantize!r} "
-                          "(int8|int4|None; the draft's may also be 'same')")
+    from .quantize import QuantizeError, parse_options
+
+    for name, q in (("quantize", cfg.quantize), ("draft_quantize", cfg.draft_quantize)):
+        try:
+            if q is not None and not (q == "same" and name == "draft_quantize"):
+                parse_options(str(q))
+        except QuantizeError as e:
+            raise ExportError(f"invalid export config: {name}={q!r}: {e} (None; the draft's may also be "
+                              "'same')") from None
     parity.parse_override(cfg.parity_bounds)
 
 
@@ -401,6 +417,10 @@ def log_graph_summary(log, role: str, entry: dict) -> None:
         f", {entry['quantize']}" if entry["quantize"] else "")
     log(f"  {role}: {entry['parameters'] / 1e6:.2f}M params, {graph} graph, exported in {entry['export_seconds']} s; "
         + parity.summary(entry["parity"]))
+    if entry.get("latency"):  # export/latency.py
+        c = entry["latency"]
+        log(f"  {role}: T(1) {c['seconds'][0] * 1e3:.2f} ms here; T(Q)/T(1) "
+            + ", ".join(f"{q}: {r:.2f}" for q, r in zip(c["q"][1:], c["ratio"][1:])))
 
 
 def write_manifest(out: Path, cfg: ExportConfig, target_vocab: str, eos: list[int], models: dict,

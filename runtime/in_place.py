@@ -15,14 +15,22 @@ A one-row chain call (a decode step, a chain's verify pass: Q <= ``CHAIN_Q``) ru
 bound once per (slot, Q) (``ChainArrays``): it writes the tokens and positions in place and rebinds
 only the mask.
 
-ONNX Runtime's CPU GroupQueryAttention runs several rows together only for Q = 1: a call over
-R > 1 rows with Q > 1 runs row by row (each still in place), timed as one call.
+Several rows run in ONE call per run of consecutive slots (the core's batch: slots 0..B-1): with Q = 1
+through the fused graph, with Q > 1 (a batch's verify pass: chains of any lengths, trees) through its
+batched twin (``batched_file``, export/batched_graph.py), the same model and cache binding with
+GroupQueryAttention replaced by ops that take several rows of Q > 1 tokens, which ONNX Runtime's CPU
+GroupQueryAttention refuses. Each row's mask is its own (``contract.in_place_mask``). An engine dir without
+a twin (exported before it), a runner of one slot, or an onnxruntime that cannot load it runs such calls
+row by row. A row whose padding would run past the cache runs alone (its padding cut).
 """
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 
-from ..contract import MASK_MIN, batch_mask, chain_mask, past_names, present_names
+from ..contract import batch_mask, chain_mask, in_place_mask, past_names, present_names
 from ..engines import EngineError, OrtEngine
 from ..engines.ort import Binding
 from .runner import CacheFullError, Pass, Runner
@@ -56,11 +64,12 @@ class InPlaceRunner(Runner):
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
                  hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
-                 aux_size: int | None = None):
+                 aux_size: int | None = None, batched: "Twin | None" = None):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
         self.engine = engine
+        self.batched = batched  # the batched twin: calls of R > 1 rows with Q > 1 (None: row by row)
         self.dtype = np.float32
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
@@ -68,7 +77,7 @@ class InPlaceRunner(Runner):
         self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len, head_dim), dtype=np.float32)
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
-        self.bindings: dict[tuple[int, int], Binding] = {}  # (first slot, rows) -> a binding of those cache rows
+        self.bindings: dict[tuple[int, int, bool], Binding] = {}  # (first slot, rows, twin?) -> those cache rows bound
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
         self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
         self.on_call = on_call
@@ -81,18 +90,20 @@ class InPlaceRunner(Runner):
         aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
-                   aux)
+                   aux, open_twin(engine, spec) if max_batch > 1 else None)
 
-    def binding(self, first: int, rows: int) -> Binding:
-        """The binding whose cache inputs/outputs are slots [first, first + rows) (made once)."""
-        key = (first, rows)
+    def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
+        """The binding of the fused graph (``twin``: of the batched twin) whose cache inputs/outputs are
+        slots [first, first + rows) (made once)."""
+        key = (first, rows, twin)
         if key not in self.bindings:
-            self.bindings[key] = self._cache_binding(first, rows)
+            self.bindings[key] = self._cache_binding(first, rows, self.batched if twin else self.engine)
         return self.bindings[key]
 
-    def _cache_binding(self, first: int, rows: int) -> Binding:
-        """A new binding with slots [first, first + rows) of the cache as every past input and present output."""
-        b = Binding(self.engine)
+    def _cache_binding(self, first: int, rows: int, engine=None) -> Binding:
+        """A new binding of ``engine`` (default: the fused graph) with slots [first, first + rows) of the
+        cache as every past input and present output."""
+        b = Binding(engine or self.engine)
         for j, (past, present) in enumerate(self.names):
             b.cache(past, present, self.data[j, first : first + rows])
         return b
@@ -110,10 +121,7 @@ class InPlaceRunner(Runner):
         positions = self.positions(lengths, q, depths)
         logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
         feats = {n: np.zeros((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
-        if q == 1 and r > 1:
-            groups = consecutive_runs(slots)
-        else:
-            groups = [np.array([b]) for b in range(r)]
+        groups = self._groups(slots, lengths, q)
 
         def run_groups():
             for rows in groups:
@@ -121,6 +129,15 @@ class InPlaceRunner(Runner):
 
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
+
+    def _groups(self, slots: np.ndarray, lengths: np.ndarray, q: int) -> list[np.ndarray]:
+        """The calls of a pass, as row indices: one per run of consecutive slots (Q = 1, or Q > 1 with the
+        twin), a row whose Q tokens would run past the cache alone; without the twin, Q > 1 row by row."""
+        if len(slots) == 1 or (q > 1 and self.batched is None):
+            return [np.array([b]) for b in range(len(slots))]
+        fits = np.flatnonzero(lengths + q <= self.max_len)
+        alone = np.flatnonzero(lengths + q > self.max_len)
+        return [fits[run] for run in consecutive_runs(slots[fits])] + [np.array([b]) for b in alone]
 
     def _chain(self, slot: int, ids: np.ndarray) -> Pass:
         """Q <= CHAIN_Q tokens ``ids`` [Q] after slot ``slot``'s entries, causal, through ``ChainArrays``."""
@@ -150,9 +167,9 @@ class InPlaceRunner(Runner):
             block = None if blocks is None else blocks[rows[0]]
             mask = (chain_mask(int(lens[0]), n) if block is None
                     else batch_mask(lens, n, [block[:n, :n]]))  # [1, 1, n, L + n]: the row's own entries
-        else:  # Q = 1: row b attends to its entries [0, length_b]
-            mask = np.where(np.arange(total)[None] <= lens[:, None], 0, MASK_MIN).astype(np.float32)[:, None, None]
-        b = self.binding(int(slots[rows[0]]), len(rows))
+        else:  # [R, 1, n, T]: row b's entries [0, length_b), then its own n new ones
+            mask = in_place_mask(lens, n, None if blocks is None else [blocks[b] for b in rows])
+        b = self.binding(int(slots[rows[0]]), len(rows), twin=len(rows) > 1 and n > 1)
         b.inputs(input_ids=ids[rows, :n], position_ids=positions[rows, :n], attention_mask=mask,
                  seqlens_k=(lens + n - 1).astype(np.int32), total_sequence_length=np.array(total, dtype=np.int32))
         out_logits = b.output("logits", (len(rows), n, self.vocab_size))
@@ -185,6 +202,39 @@ class InPlaceRunner(Runner):
         self.data[:, dst, :, :n] = self.data[:, src, :, :n]
         self.lengths[dst] = n
 
+    def entries(self, slot: int, n: int) -> np.ndarray:
+        """A view of the first ``n`` entries of ``slot``: [2 * layers, Hkv, n, D] (written in place: the
+        graph's bound planes stay the same arrays)."""
+        return self.data[:, slot, :, :n]
+
+
+class Twin:
+    """A fused graph's batched twin in an ONNX Runtime session: what ``Binding`` needs of an engine."""
+
+    def __init__(self, session):
+        self.session = session
+
+
+def open_twin(engine: OrtEngine, spec) -> Twin | None:
+    """The batched twin of ``spec`` (its manifest's ``batched_file``) in a session with ``engine``'s options,
+    or None: none exported, or this onnxruntime cannot load it (a warning says so; Q > 1 batches then run
+    row by row)."""
+    import onnxruntime as ort
+
+    if spec.batched_file is None:
+        return None
+    path = Path(engine.path).parent / spec.batched_file
+    try:
+        session = ort.InferenceSession(str(path), sess_options=engine.session.get_session_options(),
+                                       providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT's own error types (an onnxruntime before 1.23 has no TensorScatter)
+        warnings.warn(f"{path.name}: ONNX Runtime {ort.__version__} cannot load it ({str(e).splitlines()[0]}); "
+                      "batches with several tokens per row run row by row", stacklevel=2)
+        return None
+    if [i.name for i in session.get_inputs()] != engine.input_names or \
+            [o.name for o in session.get_outputs()] != engine.output_names:
+        raise EngineError(f"{path.name}: its inputs/outputs differ from {engine.path.name}'s (not its batched twin)")
+    return Twin(session)
 
 
 def consecutive_runs(slots: np.ndarray) -> list[np.ndarray]:

@@ -1,8 +1,13 @@
 """InPlaceRunner (the fused graph's cache, written by the graph) against HostRunner (the traced graph's
-cache, appended by numpy): the same logits through batches, rollbacks, tree compaction and slot moves."""
+cache, appended by numpy): the same logits through batches, rollbacks, tree compaction and slot moves;
+batches of several tokens per row in one call of the batched twin."""
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
+from specrt.engines.ort import Binding
 from specrt.export.onnx_export import example_tree_mask
 from specrt.runtime.in_place import InPlaceRunner, consecutive_runs
 from specrt.runtime.runner import CacheFullError, HostRunner
@@ -18,11 +23,13 @@ def runners(build_engine):
     fused = Runtime.load(build_engine("inplace_fused", TARGET, max_len=48, graph="fused"))
     traced = Runtime.load(build_engine("inplace_traced", TARGET, max_len=48, graph="traced"))
 
-    def make():
+    def make(stale=np.nan):
         a, b = fused.runner("target", 3)[0], traced.runner("target", 3)[0]
         assert isinstance(a, InPlaceRunner) and isinstance(b, HostRunner)
-        a.data[:] = np.nan  # a stale entry that leaked into a result would show
+        a.data[:] = stale  # a stale entry that leaked into a result would show
         return a, b
+
+    make.fused = fused
 
     return make
 
@@ -95,3 +102,98 @@ def test_chain_calls_through_bound_arrays_interleaved_with_tree_calls(runners):
             for r, p in zip(pair, passes):
                 r.commit(p, [[0, 2]])
     assert pair[0].lengths.tolist() == pair[1].lengths.tolist()
+
+
+def graph_runs(monkeypatch) -> list:
+    """The sessions of every in-place graph call from now on (``Binding.run`` counted)."""
+    runs, run = [], Binding.run
+
+    def counted(self):
+        runs.append(self.session)
+        return run(self)
+
+    monkeypatch.setattr(Binding, "run", counted)
+    return runs
+
+
+def test_a_batch_of_chains_and_trees_is_one_call_equal_to_the_host_runner(runners, monkeypatch):
+    """Several rows of Q > 1 tokens (chains of different lengths padded to Q, trees of different shapes beside
+    a chain) run in ONE call of the batched twin, equal to the host runner; the stale cache holds large finite
+    garbage, which the twin reads for shorter rows (masked) and must not leak."""
+    pair = runners(stale=1e4)
+    a = pair[0]
+    assert a.batched is not None
+    for slot, p in enumerate([[3, 5, 7, 9, 11, 13, 15], list(range(1, 13)), [2, 4, 6]]):
+        for r in pair:
+            r.prefill(slot, p)
+    runs = graph_runs(monkeypatch)
+    passes = both(pair, [0, 1, 2], [[4, 5, 6, 7], [8, 9, 0, 0], [10, 11, 12, 0]])  # chains of 4, 2, 3 tokens
+    assert runs == [a.batched.session]
+    for r, p in zip(pair, passes):
+        r.commit(p, [[0, 1, 2, 3], [0], [0, 1]])
+    big = example_tree_mask().numpy()  # 8 nodes
+    small = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)  # a root and two children
+    blocks, depths = [big, None, small], [big.sum(-1) - 1, None, small.sum(-1) - 1]
+    ids = [np.arange(20, 28), np.arange(1, 9), [5, 6, 7, 0, 0, 0, 0, 0]]
+    passes = both(pair, [0, 1, 2], ids, blocks=blocks, depths=depths)
+    assert len(runs) == 2 and runs[-1] is a.batched.session
+    for r, p in zip(pair, passes):
+        r.commit(p, [[0, 2, 5, 7], [0, 1, 2], [0, 2]])  # tree paths compacted, the chain's prefix kept
+    both(pair, [0, 1, 2], [[1], [2], [3]])  # a decode step: the fused graph, one call
+    assert len(runs) == 3 and runs[-1] is a.engine.session
+    assert pair[0].lengths.tolist() == pair[1].lengths.tolist()
+
+
+def test_without_a_twin_rows_run_one_by_one_with_the_same_logits(runners, monkeypatch):
+    """A runner without the twin (an engine dir from before it, or one slot) runs Q > 1 batches row by row."""
+    pair = runners(stale=0.0)
+    spec = dataclasses.replace(runners.fused.target.spec, batched_file=None)
+    alone = InPlaceRunner.for_graph(pair[0].engine, spec, 48, 3)
+    one_slot = InPlaceRunner.for_graph(pair[0].engine, runners.fused.target.spec, 48, 1)
+    assert alone.batched is None and one_slot.batched is None
+    for slot, p in enumerate([[3, 5, 7], [9, 11], [2, 4, 6, 8]]):
+        for r in (*pair, alone):
+            r.prefill(slot, p)
+    runs = graph_runs(monkeypatch)
+    want = both(pair, [0, 1, 2], [[1, 2, 3], [4, 5, 0], [6, 0, 0]])[0]
+    got = alone.forward([0, 1, 2], [[1, 2, 3], [4, 5, 0], [6, 0, 0]])
+    assert len(runs) == 1 + 3
+    np.testing.assert_allclose(got.logits, want.logits, atol=TOL, rtol=0)
+
+
+def test_a_row_whose_padding_runs_past_the_cache_runs_alone(runners, monkeypatch):
+    pair = runners(stale=0.0)
+    for slot, n in enumerate([5, 9, 46]):  # max_len 48: slot 2 has room for 2
+        for r in pair:
+            r.prefill(slot, [i % 31 + 1 for i in range(n)])
+    runs = graph_runs(monkeypatch)
+    ids = [[1, 2, 3, 4], [7, 8, 9, 0], [5, 6, 0, 0]]
+    p, ref = pair[0].forward([0, 1, 2], ids), pair[1].forward([0, 1, 2], ids)
+    assert runs == [pair[0].batched.session, pair[0].engine.session]  # slots 0 and 1 together, slot 2 alone
+    for row, n in enumerate([4, 4, 2]):
+        np.testing.assert_allclose(p.logits[row, :n], ref.logits[row, :n], atol=TOL, rtol=0)
+
+
+def test_the_export_writes_the_twin_beside_the_fused_graph_on_one_weights_file(runners):
+    """The twin reads the fused graph's weights from their shared external data file; the export checked it."""
+    root = runners.fused.manifest.root
+    entry = json.loads((root / "manifest.json").read_text())["models"]["target"]
+    assert entry["batched_file"] == "target_batched.onnx" and entry["batched_parity"]["rel"] < 1e-3
+    data = (root / "target.onnx.data").stat().st_size
+    assert (root / "target_batched.onnx").stat().st_size < data / 4 and (root / "target.onnx").stat().st_size < data / 4
+
+
+def test_a_missing_or_unloadable_twin(runners, tmp_path):
+    """A manifest naming a twin that is not there is refused at load; a twin ONNX Runtime cannot load (e.g. an
+    onnxruntime before TensorScatter) leaves the runner row by row, with a warning saying so."""
+    import shutil
+
+    from specrt.engines import EngineError
+
+    engine = shutil.copytree(runners.fused.manifest.root, tmp_path / "engine")
+    (engine / "target_batched.onnx").write_bytes(b"not a graph")
+    with pytest.warns(UserWarning, match="target_batched.onnx.*row by row"):
+        assert Runtime.load(engine).runner("target", 3)[0].batched is None
+    (engine / "target_batched.onnx").unlink()
+    with pytest.raises(EngineError, match="target graph file 'target_batched.onnx' is missing"):
+        Runtime.load(engine)

@@ -268,3 +268,15 @@ def test_profile_engine_without_draft_and_short_max_len(build_engine, tmp_path):
     assert report["methods"]["ngram"]["available"] and set(report["graphs"]) == {"target"}
     curve = report["verify_cost"][0]
     assert max(curve["q"]) == 32 and curve["past_len"] + max(curve["q"]) <= 48
+
+
+def test_profile_shows_the_curve_measured_at_export(llama_fused_engine, tmp_path):
+    """A fused target's manifest keeps the T(Q) measured when it was exported (export/latency.py): the profile
+    reports it beside its own curve (table 2 and profile.json's export_curve)."""
+    res = CliRunner().invoke(cli, ["profile", str(llama_fused_engine), "--out", str(tmp_path), "--batch", "1",
+                                   "--methods", "ngram", *FAST])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "profile.json").read_text())
+    exported = report["export_curve"]
+    assert exported["q"][0] == 1 and exported["ratio"][0] == 1.0 and min(exported["seconds"]) > 0
+    assert "at export" in res.output and "models.target.latency" in res.output

@@ -21,11 +21,12 @@ import click
               help="fused: ONNX Runtime's fused attention/norm ops, KV cache written in place (Llama, Mistral, "
                    "Qwen2; CPU; 1.3-2.3x faster steps); traced: torch.onnx (any family; torch/CUDA/TensorRT); "
                    "auto: fused where the model has it.")
-@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True,
-              help="Weight-only quantization of every MatMul (ORT MatMulNBits, blocks of 32); speculation is exact "
-                   "w.r.t. the quantized target's verify passes (see docs/real-models.md for how they differ "
-                   "from its decode steps).")
-@click.option("--draft-quantize", type=click.Choice(["same", "none", "int8", "int4"]), default="same",
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4", "w8a8"]), default="none", show_default=True,
+              help="Weight quantization of every MatMul (int8/int4: ORT MatMulNBits, blocks of 32; w8a8: ORT's "
+                   "integer GEMM, per-row int8 activations, a verify pass costing ~1.1x a decode step: "
+                   "docs/export.md); speculation is exact w.r.t. the quantized target's verify passes (see "
+                   "docs/real-models.md for how they differ from its decode steps).")
+@click.option("--draft-quantize", type=click.Choice(["same", "none", "int8", "int4", "w8a8"]), default="same",
               show_default=True, help="The draft's quantization (same: as --quantize).")
 @click.option("--prefill-chunk", default=128, show_default=True, type=click.IntRange(1), help="Prompt tokens per prefill call.")
 @click.option("--medusa", "medusa_dir", type=click.Path(exists=True, file_okay=False),

@@ -152,6 +152,16 @@ def verify_curve(rt, cfg: ProfileConfig, rng) -> list[dict]:
     return curves
 
 
+def export_curve(rt) -> dict | None:
+    """The target's T(Q) measured when it was exported (manifest ``models.target.latency``, export/latency.py)
+    and how it was quantized; None for an engine dir without one."""
+    spec = rt.manifest.target
+    if spec.latency is None:
+        return None
+    quantization = rt.manifest.raw["models"]["target"].get("quantization", {})
+    return {**spec.latency, "quantize": spec.quantize, "kernels": quantization.get("kernels")}
+
+
 def implemented_methods() -> tuple:
     """The runtime's METHODS, read now (methods may be added after this module was written)."""
     from ...runtime import methods
@@ -312,7 +322,8 @@ def profile_engine(rt, cfg: ProfileConfig, log=lambda *_: None) -> dict:
         "settings": {**asdict(cfg), "prompts": len(ids), "prompts_truncated": cut, "gamma_run": gamma,
                      "gamma_max": rt.gamma_max, "methods": wanted, "batches": sorted(set(cfg.batches) | {1}),
                      "min_gain": MIN_GAIN},
-        "graphs": graphs, "verify_cost": curves, "plain": runs["none"], "methods": report_methods,
+        "graphs": graphs, "verify_cost": curves, "export_curve": export_curve(rt), "plain": runs["none"],
+        "methods": report_methods,
         "recommendation": {**asdict(rec), "by_batch": {str(b): v for b, v in rec.by_batch.items()}},
     }
 

@@ -34,15 +34,25 @@ def print_report(report: dict, console) -> None:
             t.add_row(role, shape, str(r["q"]), str(r["past_len"]), ms(r["median_s"]), ms(r["p90_s"]))
     console.print(t)
 
-    curves = report["verify_cost"]
+    curves, exported = report["verify_cost"], report.get("export_curve")
     t = Table(title=f"2. Verification cost T(Q)/T(1) (target, past P={curves[0]['past_len']})")
     t.add_column("Q", justify="right")
     for c in curves:
         t.add_column(f"batch {c['batch']}", justify="right")
+    at_export = dict(zip(exported["q"], exported["ratio"])) if exported else {}
+    if exported:
+        t.add_column(f"at export (P={exported['past']})", justify="right")
     for i, q in enumerate(curves[0]["q"]):
-        t.add_row(str(q), *(f"{c['ratio'][i]:.2f}" for c in curves))
-    t.add_row("ridge Q", *("> " + str(c["q"][-1]) if c["ridge_q"] is None else str(c["ridge_q"]) for c in curves))
+        t.add_row(str(q), *(f"{c['ratio'][i]:.2f}" for c in curves),
+                  *([f"{at_export[q]:.2f}" if q in at_export else "-"] if exported else []))
+    t.add_row("ridge Q", *("> " + str(c["q"][-1]) if c["ridge_q"] is None else str(c["ridge_q"]) for c in curves),
+              *([""] if exported else []))
     console.print(t)
+    if exported:
+        kernels = ", ".join(f"{g} {k}" for g, k in (exported.get("kernels") or {}).items())
+        console.print(f"   at export: {exported.get('quantize') or 'unquantized'}" + (f" ({kernels})" if kernels else "")
+                      + f", T(1) {exported['seconds'][0] * 1e3:.3f} ms on {exported.get('cpu', '?')}, ONNX Runtime "
+                      f"{exported.get('onnxruntime', '?')} (manifest models.target.latency)", highlight=False)
 
     methods = report["methods"]
     t = Table(title=f"3-4. Methods on {s['prompts']} prompts, γ={s['gamma_run']}, temperature {s['temperature']}")
@@ -112,6 +122,10 @@ def write_plots(report: dict, out: Path) -> dict:
         (line,) = ax.plot(c["q"], c["ratio"], marker="o", label=f"batch {c['batch']}")
         if c["ridge_q"] is not None:
             ax.axvline(c["ridge_q"], color=line.get_color(), linestyle=":", linewidth=1)
+    exported = report.get("export_curve")
+    if exported:
+        ax.plot(exported["q"], exported["ratio"], marker="x", linestyle="-.", color="black",
+                label="batch 1 at export (manifest)")
     qs = np.array(report["verify_cost"][0]["q"])
     ax.plot(qs, qs, color="grey", linestyle="--", linewidth=1, label="proportional (T(Q) = Q T(1))")
     ax.set(xscale="log", yscale="log", xlabel="positions verified per call Q", ylabel="T(Q) / T(1)",

@@ -1,0 +1,73 @@
+"""One padding row in every attention call of a fused graph: decode steps computed as verify passes are.
+
+ONNX Runtime's CPU GroupQueryAttention (GQA) takes one path for a call of one new token and another for
+Q > 1; their results differ in the last bits (SmolLM2-135M fp32: 6e-8 at layer 0's attention, 5e-5 in
+the logits). In an int8/int4 graph the next MatMul rounds its activations to int8, which turns some of
+those last bits into whole quantization steps: a decode step and a verify pass of the same tokens then
+differ by up to 0.8 in the logits (docs/real-models.md). Rows 0..Q-1 of any call with Q >= 2 agree bit
+for bit (the MatMuls are row-independent: docs/bench/verify-curve.md, ``gap_q2``), so this rewrite
+gives every GQA node one extra query row after the real ones: the Q real rows (Q = 1 included) always
+take the Q >= 2 path, and a decode step equals the verify pass's row (measured |Δlogit| = 0 on
+SmolLM2-135M fp32, int8, int4, w8a8). The MatMuls still see Q rows: the cost is one attention row.
+
+    qkv' = Pad(qkv, one row of zeros)         position_ids' = Pad(position_ids, edge)
+    mask' = Pad(mask, one row, one column)    seqlens_k' = seqlens_k + 1, total' = total + 1
+    out = Slice(GQA(qkv', ...), rows [0, Q))
+
+The padding row is causal-last (no real row attends to it) and writes its K/V one entry past the call's
+new ones, which therefore must exist: the runtime needs one spare cache entry per slot (``max_len + 1``
+entries). Not for batched calls: GQA refuses Q > 1 after a past at batch > 1, so a batch of decode steps
+needs the unpadded graph (whose steps differ from verify passes as before).
+
+Example::
+
+    proto = onnx.load("target.onnx")
+    pad_attention(proto)   # in place; returns the number of GQA nodes padded
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def pad_attention(proto) -> int:
+    """Rewrite every GroupQueryAttention node of ``proto`` as above; returns how many."""
+    from onnx import helper, numpy_helper
+
+    g = proto.graph
+    consts = {"pad/q_row": np.array([0, 0, 0, 0, 1, 0], np.int64), "pad/pos_col": np.array([0, 0, 0, 1], np.int64),
+              "pad/mask": np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pad/one": np.array(1, np.int32),
+              "pad/start": np.array([0], np.int64), "pad/end": np.array([-1], np.int64),
+              "pad/axis": np.array([1], np.int64)}
+    g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    nodes, made, count = [], {}, 0
+
+    def once(out: str, op: str, inputs: list, **attrs) -> str:
+        """A node computing ``out``, made once and shared by every attention reading it."""
+        if out not in made:
+            nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+            made[out] = out
+        return out
+
+    for node in g.node:
+        if node.op_type != "GroupQueryAttention":
+            nodes.append(node)
+            continue
+        ins = list(node.input) + [""] * (11 - len(node.input))
+        if ins[1] or not ins[9]:
+            raise ValueError(f"{node.name}: padding needs packed qkv and position_ids (a fused graph's GQA)")
+        ins[0] = once(f"{ins[0]}/pad", "Pad", [ins[0], "pad/q_row"])
+        ins[5] = once(f"{ins[5]}/pad", "Add", [ins[5], "pad/one"])
+        ins[6] = once(f"{ins[6]}/pad", "Add", [ins[6], "pad/one"])
+        ins[9] = once(f"{ins[9]}/pad", "Pad", [ins[9], "pad/pos_col"], mode="edge")
+        if ins[10]:
+            ins[10] = once(f"{ins[10]}/pad", "Pad", [ins[10], "pad/mask"])
+        padded = node.output[0] + "/pad"
+        gqa = helper.make_node("GroupQueryAttention", ins, [padded, *node.output[1:]], name=node.name, domain=node.domain)
+        gqa.attribute.extend(node.attribute)
+        nodes.append(gqa)
+        nodes.append(helper.make_node("Slice", [padded, "pad/start", "pad/end", "pad/axis"], [node.output[0]],
+                                      name=node.output[0] + "/unpad"))
+        count += 1
+    del g.node[:]
+    g.node.extend(nodes)
+    return count
