@@ -11,8 +11,11 @@
     worker.py      the engine worker: a thread that owns the DecodeCore and a bounded FIFO queue
     metrics.py     the Prometheus metrics (GET /metrics)
     chat.py        chat templates (also used by `specrt generate --chat`)
+    structured.py  response_format / structured_outputs -> a constraint, compiled on a thread within a budget
+    tools.py       tools / tool_choice -> a tool-call grammar; the parser reading calls back (streamed too)
     http.py        uvicorn's h11 protocol with a header timeout (slowloris)
     ray_serve.py   `specrt serve --ray`: the app as Ray Serve replicas
+    ray_session.py `specrt serve --ray`'s processes: the Ray driver in a session of its own, signals forwarded
 
 Arrows point one way: this package imports the decode core (runtime/); nothing in the core imports it.
 """

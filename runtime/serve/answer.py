@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .openai_api import (ApiError, chat_body, chat_choice, chat_chunk, chat_logprobs, completion_body,
                          completion_choice, completion_chunk, completion_logprobs, error_body, new_id,
                          speculation_field, sse, usage, usage_chunk)
+from .tools import ToolCallParser, ToolPlan
 from .worker import DoneEvent, EngineUnavailableError, ErrorEvent, QueueFullError, TokensEvent
 
 
@@ -33,6 +34,8 @@ class Job:
     include_usage: bool = False  # streams: a last chunk with the usage
     echo: str = ""  # completions: text put before each choice's completion
     cache_scope: str | None = None  # the API key's scope ("key-<i>"): cross-request caches stay within it
+    fields: dict = field(default_factory=dict)  # SequenceRequest fields the choices share: grammar, method, gamma
+    tools: ToolPlan | None = None  # chat with tools: each choice's text is read as tool calls (tools.py)
 
 
 @dataclass
@@ -43,6 +46,13 @@ class Choice:
     logprobs: list = field(default_factory=list)  # (token text, logprob, ((text, logprob), ...)) per token
     done: DoneEvent | None = None
     last_token_at: float | None = None  # for the inter-token latency histogram
+    parser: ToolCallParser | None = None  # a stream with tools: its text as content and tool-call deltas
+
+    def finish_reason(self) -> str:
+        """The engine's finish reason; "tool_calls" when a call ended the answer (OpenAI's)."""
+        if self.parser is not None and self.parser.calls and self.done.finish_reason == "stop":
+            return "tool_calls"
+        return self.done.finish_reason
 
 
 class Answerer:
@@ -66,14 +76,16 @@ class Answerer:
                 pass
 
         try:
-            handle = self.worker.submit(job.ids, job.params, on_event, job.cache_scope)
+            handle = self.worker.submit(job.ids, job.params, on_event, job.cache_scope, **job.fields)
         except QueueFullError as e:
             raise ApiError(429, str(e), "rate_limit_error", code="queue_full") from None
         except EngineUnavailableError as e:
             raise ApiError(503, str(e), "server_error", code="engine_unavailable") from None
         except ValueError as e:
             raise ApiError(400, str(e), param="n", code="invalid_value") from None
-        answer = _Answer(self, job, handle, [Choice() for _ in job.params])
+        streamed_tools = job.tools is not None and job.stream  # each choice's text read as it streams
+        answer = _Answer(self, job, handle, [Choice(parser=ToolCallParser(job.tools) if streamed_tools else None)
+                                             for _ in job.params])
         if job.stream:
             return StreamingResponse(answer.stream(events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -119,7 +131,8 @@ class _Answer:
         m.prompt_tokens.inc(len(self.job.ids))
         generated = sum(len(d.token_ids) for d in done)
         m.generated_tokens.inc(generated)
-        return usage(len(self.job.ids), generated), speculation_field([d.stats for d in done])
+        cached = done[0].stats.get("cached_tokens", 0)  # the choices share one prompt (and its cached prefix)
+        return usage(len(self.job.ids), generated, cached), speculation_field([d.stats for d in done])
 
     def logprobs(self, entries: list, offset: int) -> dict | None:
         if self.job.params[0].logprobs is None:
@@ -127,13 +140,27 @@ class _Answer:
         return chat_logprobs(entries) if self.job.chat else completion_logprobs(entries, offset)
 
     # ---- a stream -------------------------------------------------------------------------------
-    def chunk(self, index: int, text: str, entries: list, finish: str | None = None) -> dict:
+    def chunk(self, index: int, text: str, entries: list, finish: str | None = None, delta: dict | None = None) -> dict:
+        """A chunk of choice ``index``: its new ``text`` (chat: as ``delta``, default {"content": text}) and
+        logprob ``entries``."""
         job, model = self.job, self.owner.model
         offset = len(job.echo) + len(self.choices[index].text) - len(text)
         lp = self.logprobs(entries, offset) if entries else None
         if job.chat:
-            return chat_chunk(self.rid, model, {"content": text} if text or entries else {}, finish, index, lp)
+            if delta is None:
+                delta = {"content": text} if text or entries else {}
+            return chat_chunk(self.rid, model, delta, finish, index, lp)
         return completion_chunk(self.rid, model, text, finish, index, lp)
+
+    def chunks(self, index: int, text: str, entry) -> list[dict]:
+        """The chunks of one token's text: one, or with tools what the parser makes of it (content, call
+        headers, argument pieces; none while it holds text back, unless logprobs must travel)."""
+        entries = [entry] if entry else []
+        parser = self.choices[index].parser
+        if parser is None:
+            return [self.chunk(index, text, entries)] if text or entry else []
+        deltas = parser.feed(text) or ([{}] if entry else [])
+        return [self.chunk(index, text, entries if j == 0 else [], delta=d) for j, d in enumerate(deltas)]
 
     async def stream(self, events: asyncio.Queue):
         job, model = self.job, self.owner.model
@@ -147,11 +174,14 @@ class _Answer:
                 event = await events.get()
                 if isinstance(event, TokensEvent):
                     for text, entry in self.observe(event):
-                        if text or entry:
-                            yield sse(self.chunk(event.index, text, [entry] if entry else []))
+                        for chunk in self.chunks(event.index, text, entry):
+                            yield sse(chunk)
                 elif isinstance(event, DoneEvent):
-                    self.choices[event.index].done = event
-                    last = self.chunk(event.index, "", [], event.finish_reason)
+                    choice = self.choices[event.index]
+                    choice.done = event
+                    for delta in choice.parser.flush() if choice.parser else ():
+                        yield sse(self.chunk(event.index, "", [], delta=delta))
+                    last = self.chunk(event.index, "", [], choice.finish_reason(), delta={} if job.chat else None)
                     if not all(c.done for c in self.choices):
                         yield sse(last)
                         continue
@@ -204,11 +234,23 @@ class _Answer:
         choices = []
         for i, c in enumerate(self.choices):
             lp = self.logprobs(c.logprobs, len(job.echo))
-            if job.chat:
+            if job.chat and job.tools is not None:
+                choices.append(tool_choice(i, c, job.tools, lp))
+            elif job.chat:
                 choices.append(chat_choice(i, c.done.text, c.done.finish_reason, lp))
             else:
                 choices.append(completion_choice(i, job.echo + c.done.text, c.done.finish_reason, lp))
         return (chat_body if job.chat else completion_body)(self.rid, model, choices, use, spec)
+
+
+def tool_choice(index: int, choice: Choice, plan: ToolPlan, logprobs: dict | None) -> dict:
+    """A finished choice of a request with tools: its text read as content and ``tool_calls``."""
+    choice.parser = ToolCallParser(plan)
+    choice.parser.feed(choice.done.text)
+    choice.parser.flush()
+    calls, content = choice.parser.calls, choice.parser.content
+    return chat_choice(index, content if content.strip() or not calls else None, choice.finish_reason(), logprobs,
+                       calls)
 
 
 async def _cancel_on_disconnect(request: Request, cancel) -> None:

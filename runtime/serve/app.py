@@ -72,7 +72,7 @@ def new_server_state(runtime, config: ServerConfig) -> ServerState:
     keys = api_keys(config.api_key)  # (a malformed key fails before the core is built)
     core = runtime.new_core(config.batch)
     metrics = ServerMetrics(max_batch=config.batch.max_batch, policy=core.policy,
-                            current_alpha=lambda: core.served.alpha)
+                            current_alpha=lambda: core.served.alpha, prefix_hit_tokens=lambda: core.prefix.hit_tokens)
     worker = EngineWorker(core, config.max_queue, on_step=metrics.observe_step, on_cancel=metrics.observe_cancel,
                           on_admit=metrics.queue_wait.observe)
     answer = Answerer(worker, metrics, config.model_name, runtime.tokenizer)

@@ -4,11 +4,14 @@ and `specrt generate --chat`. Needs jinja2."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
-# Used when the tokenizer config has no chat_template: one "role: content" line per message, then
-# "assistant:" for the model to continue.
-DEFAULT_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+# Used when the tokenizer config has no chat_template: one "role: content" line per message (an assistant
+# message's tool calls as the JSON list of their {"name", "arguments"}), then "assistant:" for the model.
+DEFAULT_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] or '' }}"
+                         "{% if message['tool_calls'] %}{{ message['tool_calls'] | map(attribute='function') | list "
+                         "| tojson }}{% endif %}{{ '\\n' }}"
                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 
 
@@ -27,18 +30,29 @@ class ChatTemplate:
         self.is_default = not source  # no template in the tokenizer config
         self.source = source or DEFAULT_CHAT_TEMPLATE
         self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+        from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # HF's: no HTML escaping (jinja's own writes < as \u003c)
         self.template = env.from_string(self.source)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """messages: [{"role", "content"}] -> the prompt text, ending where the assistant's reply starts
-        (``add_generation_prompt=False``: the conversation as it stands, e.g. training text).
+    @property
+    def writes_tool_calls(self) -> bool:
+        """The template defines Hermes/Qwen-style tool calls (``<tool_call>{"name", "arguments"}</tool_call>``):
+        tool_choice "auto" can tell a call from text (runtime/serve/tools.py)."""
+        return "<tool_call>" in self.source
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """messages: [{"role", "content"}] (HF's shape: also "tool_calls", "tool_call_id") -> the prompt text,
+        ending where the assistant's reply starts (``add_generation_prompt=False``: the conversation as it
+        stands, e.g. training text). ``tools``: OpenAI function tools, for templates that describe them.
 
         Raises ``TemplateInputError`` when the template's ``raise_exception`` rejects the messages."""
-        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                    **self.special)
 
 
 class TemplateInputError(ValueError):
@@ -47,6 +61,10 @@ class TemplateInputError(ValueError):
 
 def _raise_template_error(message: str):
     raise TemplateInputError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _token_text(token) -> str:

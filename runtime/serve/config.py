@@ -19,6 +19,7 @@ class ServerConfig:
     allowed_hosts: tuple = ("*",)  # Host headers answered (others get 400): guards against DNS rebinding
     body_timeout: float = 60.0  # seconds to receive a request's whole body once its headers arrived (else 408)
     replica: str | None = None  # this process's replica id under Ray Serve (reported by /health)
+    grammar_timeout: float = 10.0  # seconds a request's output constraint may take to compile (else 400)
 
 
 def api_keys(api_key) -> tuple:

@@ -7,8 +7,11 @@ routes.py chain the steps they need, e.g. a completion::
     scope = authorize(server, request)                     # 401
     req = await parse(server, request, CompletionRequest)  # 408, 413, 415, 400 naming the field
     check_model(server, req.model)                         # 404
+    plan = tool_plan(server, req)                          # chat: 400 for tools the template cannot answer
     prompt = completion_prompt(server, req)                # 400: prompt form, length, token ids
-    params = sampling_params(server, req, prompt.ids)      # 400: context length, sampling values
+    params = sampling_params(server, req, prompt.ids)      # 400: context length, sampling values, logit_bias ids
+    options = request_options(server, req)                 # 400: a method the server does not run, γ
+    grammar = await output_grammar(server, req, plan)      # 400: a constraint that does not compile in time
 """
 from __future__ import annotations
 
@@ -19,10 +22,12 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from ..api import PromptTooLongError
-from ..sampling import SamplingError, SamplingParams
+from ..sampling import SamplingError, SamplingParams, check_logit_bias
 from .chat import TemplateInputError
 from .openai_api import ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest, parse_request
 from .state import ServerState
+from .structured import compile_constraint, output_constraint
+from .tools import ToolChoiceError, ToolPlan, plan_tools
 
 
 def authorize(server: ServerState, request: Request) -> str | None:
@@ -91,12 +96,17 @@ def encode(server: ServerState, prompt: str | list[int]) -> list[int]:
     return ids
 
 
-def render_and_encode(server: ServerState, messages: list[ChatMessage]) -> list[int]:
-    """Chat messages rendered with the chat template, then encoded."""
+def render_and_encode(server: ServerState, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
+    """Chat messages (and OpenAI function ``tools``) rendered with the chat template, then encoded."""
+    from jinja2 import TemplateError
+
     try:
-        prompt = server.template.render([{"role": m.role, "content": m.text()} for m in messages])
+        prompt = server.template.render([m.for_template() for m in messages], tools=tools)
     except TemplateInputError as e:
         raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
+    except (TemplateError, TypeError) as e:  # a template that cannot render these messages (e.g. a tool turn)
+        raise ApiError(400, f"the chat template failed on the messages: {type(e).__name__}: {e}",
+                       param="messages") from None
     return encode(server, prompt)
 
 
@@ -123,8 +133,11 @@ def completion_prompt(server: ServerState, req: CompletionRequest) -> Prompt:
 
 
 def chat_prompt(server: ServerState, req: ChatCompletionRequest) -> Prompt:
-    """/v1/chat/completions' prompt: the messages rendered with the chat template."""
-    return Prompt(render_and_encode(server, req.messages))
+    """/v1/chat/completions' prompt: the messages rendered with the chat template (and the tools, unless
+    tool_choice is "none")."""
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice_name != "none" \
+        else None
+    return Prompt(render_and_encode(server, req.messages, tools))
 
 
 def sampling_params(server: ServerState, req, ids: list[int]) -> list[SamplingParams]:
@@ -134,14 +147,69 @@ def sampling_params(server: ServerState, req, ids: list[int]) -> list[SamplingPa
     check_context_length(server, len(ids), req.max_new_tokens)
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     try:
+        bias = check_logit_bias({int(k): v for k, v in (req.logit_bias or {}).items()},
+                                server.runtime.target.spec.geometry.vocab_size)
+    except SamplingError as e:
+        raise ApiError(400, str(e), param="logit_bias", code="invalid_value") from None
+    try:
         return [SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                                seed=None if req.seed is None else req.seed + i,
                                max_new_tokens=req.max_new_tokens or server.max_len - len(ids), stop=stop,
                                presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                               repetition_penalty=req.repetition_penalty, logprobs=req.top)
+                               repetition_penalty=req.repetition_penalty, logprobs=req.top, logit_bias=bias,
+                               min_tokens=req.min_tokens)
                 for i in range(req.n)]
     except SamplingError as e:
         raise ApiError(400, str(e), code="invalid_value") from None
+
+
+def request_options(server: ServerState, req) -> dict:
+    """The request's ``speculative`` extension as SequenceRequest fields {"method", "gamma"} (absent: the
+    server's); ApiError 400 for a method the server was not started with, or a γ past the exported one."""
+    spec = req.speculative
+    if spec is None:
+        return {}
+    methods = server_methods(server)
+    if spec.method is not None and spec.method not in methods:
+        raise ApiError(400, f"speculative.method {spec.method!r} is not running on this server; available: "
+                       f"{', '.join(methods)} (start it with specrt serve --method)", param="speculative.method",
+                       code="invalid_value")
+    top = server.core.gamma_max
+    if spec.gamma is not None and spec.gamma > top:
+        raise ApiError(400, f"speculative.gamma must be in 0..{top} (the engine's exported verify shape), got "
+                       f"{spec.gamma}", param="speculative.gamma", code="invalid_value")
+    return {"method": spec.method, "gamma": spec.gamma}
+
+
+def server_methods(server: ServerState) -> tuple:
+    """The methods a request may ask for: those the core serves ("none" always among them)."""
+    return tuple(server.core.proposers)
+
+
+def tool_plan(server: ServerState, req) -> ToolPlan | None:
+    """How a chat request's tools constrain its answer (runtime/serve/tools.py), or None; ApiError 400 for
+    tool_choice the model's template cannot answer, a missing named function, or tools with structured_outputs."""
+    if not isinstance(req, ChatCompletionRequest) or not req.tools and req.tool_choice_name in ("none", "auto"):
+        return None
+    choice = req.tool_choice_name
+    if choice != "none" and req.structured_outputs is not None:
+        raise ApiError(400, "structured_outputs cannot be combined with tools (tool_choice "
+                       f"{choice!r}); use response_format", param="structured_outputs", code="invalid_value")
+    fmt = output_constraint(req) if choice == "auto" else None  # "auto": a text answer follows response_format
+    text_schema = None if fmt is None else (fmt[0].value if fmt[0].kind == "json_schema" else {"type": "object"})
+    try:
+        return plan_tools([t.model_dump() for t in req.tools or ()], choice, req.parallel_tool_calls is not False,
+                          server.template.writes_tool_calls, text_schema)
+    except ToolChoiceError as e:
+        raise ApiError(400, str(e), param=e.param, code="invalid_value") from None
+
+
+async def output_grammar(server: ServerState, req, plan: ToolPlan | None):
+    """The request's compiled constraint (tools' plan, else response_format / structured_outputs), or None."""
+    if plan is not None:
+        return await compile_constraint(server, plan.constraint, "tools")
+    wanted = output_constraint(req)
+    return None if wanted is None else await compile_constraint(server, *wanted)
 
 
 def check_context_length(server: ServerState, prompt_tokens: int, max_tokens: int | None) -> None:

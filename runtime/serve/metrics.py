@@ -13,11 +13,12 @@ class ServerMetrics:
     """Every metric the server exports. ``observe_step`` is called by the engine worker after each step."""
 
     def __init__(self, registry: CollectorRegistry | None = None, max_batch: int = 1, policy=None,
-                 current_alpha=None):
+                 current_alpha=None, prefix_hit_tokens=None):
         r = self.registry = registry or CollectorRegistry()
         self.max_batch = max_batch  # the server's --max-batch (range of specrt_policy_speculation_max_batch)
         self.policy = policy  # the generator's SpeculationPolicy (None: no policy gauges)
         self.current_alpha = current_alpha  # () -> recent acceptance over all sequences (None: since start)
+        self.prefix_hit_tokens = prefix_hit_tokens  # () -> prompt tokens the prefix cache skipped so far (None: none)
         self.requests = Counter("specrt_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.request_seconds = Histogram("specrt_request_duration_seconds", "Time from request to its last byte",
@@ -31,6 +32,10 @@ class ServerMetrics:
                                      buckets=LATENCY_BUCKETS, registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, open fds
         self.prompt_tokens = Counter("specrt_prompt_tokens", "Prompt tokens of completed requests", registry=r)
+        self.prefix_hits = Counter("specrt_prefix_cache_hit_tokens",
+                                   "Prompt tokens whose K/V came from the prefix cache (not prefilled), since start",
+                                   registry=r)
+        self._prefix_seen = 0  # prefix_hit_tokens() at the last render
         self.generated_tokens = Counter("specrt_generated_tokens",
                                         "Generated tokens of completed requests (usage.completion_tokens)", registry=r)
         self.cancelled = Counter("specrt_requests_cancelled",
@@ -74,6 +79,10 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The text exposition; the policy's batch limit is computed here, not in the engine's hot loop."""
         t = self._totals
+        if self.prefix_hit_tokens is not None:  # the core counts them at admission; the counter catches up here
+            total = self.prefix_hit_tokens()
+            self.prefix_hits.inc(max(0, total - self._prefix_seen))
+            self._prefix_seen = total
         if self.policy is not None and self.policy.config.fixed_gamma is None:
             if self.current_alpha is not None:
                 alpha = self.current_alpha()

@@ -2,9 +2,12 @@
 
 Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
 400 with an OpenAI-style error body (``error_body``), never silently ignored. Fields of OpenAI's API
-that specrt does not implement (logit_bias, tools, best_of, ...) are accepted at their
-neutral value (what clients send by default) and refused with a 400 naming the field otherwise;
+that specrt does not implement (best_of, suffix, functions, ...; tools on /v1/completions) are accepted
+at their neutral value (what clients send by default) and refused with a 400 naming the field otherwise;
 integral floats are accepted where the API takes an integer (16.0 for 16), as OpenAI's server does.
+Structured outputs (response_format, vLLM's structured_outputs and guided_*), tools, logit_bias,
+min_tokens and the per-request ``speculative`` extension are fields of the schemas below; what they
+become is runtime/serve/structured.py's, tools.py's and inputs.py's.
 """
 from __future__ import annotations
 
@@ -69,6 +72,63 @@ class RefusedField(ValueError):
         return ApiError(400, self.message, param=self.param, code=self.code)
 
 
+NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function and schema names
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+class JsonSchemaFormat(BaseModel):
+    """response_format {"type": "json_schema", "json_schema": {...}} (OpenAI's)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # true: objects admit only their listed properties (structured.strict_schema)
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None  # with type "json_schema" only
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise RefusedField('response_format needs "json_schema" exactly when its type is "json_schema"',
+                               param="response_format")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs``: exactly one of json (a schema, or its JSON text), regex, choice, grammar
+    (Lark as llguidance takes it, or GBNF), json_object (true)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    json_: dict | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("json_", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise RefusedField("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                               f"got {', '.join(k.rstrip('_') for k in given) or 'none'}", param="structured_outputs")
+        return self
+
+
+class Speculative(BaseModel):
+    """The specrt extension ``speculative``: how THIS request is decoded (the response's ``speculation``
+    reports what ran)."""
+
+    model_config = STRICT
+    method: str | None = None  # one the server was started with (--method), or "none"; None: the server's default
+    gamma: Int | None = Field(None, ge=0)  # fixed draft length (0 = no speculation); None: the batch-aware policy
+
+
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False  # send a last chunk with empty choices and the usage
@@ -92,13 +152,24 @@ class SamplingFields(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)  # minus this on the logit of every token already generated
     frequency_penalty: float = Field(0.0, ge=-2, le=2)  # minus this per occurrence in the generated text
     repetition_penalty: float = Field(1.0, ge=0.01, le=100)  # extension (vLLM's): seen tokens' logits / r (or * r)
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100] added to its logit
+    min_tokens: Int = Field(0, ge=0)  # extension (vLLM's): EOS and stop ids are masked until this many tokens
+    response_format: ResponseFormat | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    structured_outputs: StructuredOutputs | None = None  # extension (vLLM's); guided_* are read into it
+    speculative: Speculative | None = None  # extension: this request's method and γ
 
     @model_validator(mode="before")
     @classmethod
     def _neutral_fields(cls, data: Any):
-        """Drop OpenAI fields specrt does not implement when they hold their neutral value; refuse others."""
+        """Drop OpenAI fields specrt does not implement when they hold their neutral value; refuse others;
+        vLLM's older guided_json / guided_regex / guided_choice / guided_grammar become structured_outputs."""
         if not isinstance(data, dict):
             return data
+        guided = {GUIDED[k]: v for k, v in data.items() if k in GUIDED and v is not None}
+        if guided:
+            if data.get("structured_outputs") is not None:
+                raise RefusedField("send structured_outputs or guided_*, not both", param="structured_outputs")
+            data = {**{k: v for k, v in data.items() if k not in GUIDED}, "structured_outputs": guided}
         for name, neutral in NEUTRAL.items():
             if name in data and name not in cls.model_fields:  # (a schema that implements it validates it)
                 value = data[name]
@@ -114,6 +185,29 @@ class SamplingFields(BaseModel):
         if isinstance(v, list) and len(v) > 4:
             raise ValueError(f"at most 4 stop sequences, got {len(v)}")
         return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, v):
+        """OpenAI's shape: {"<token id>": bias in [-100, 100]} (the ids are checked against the vocabulary later)."""
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise RefusedField(f"logit_bias keys are token ids (decimal strings), got {key!r}", param="logit_bias")
+            if not -100 <= bias <= 100:
+                raise RefusedField(f"logit_bias values must be in [-100, 100], got {bias} for token {key}",
+                                   param="logit_bias")
+        return v
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self):
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise RefusedField("send response_format or structured_outputs, not both", param="structured_outputs")
+        limit = self.max_new_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise RefusedField(f"min_tokens ({self.min_tokens}) is larger than max_tokens ({limit})",
+                               param="min_tokens")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -151,14 +245,101 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """An earlier assistant message's tool call, sent back in the conversation."""
+
+    model_config = STRICT
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+MESSAGE_NEUTRAL = ("refusal", "audio", "function_call", "annotations", "reasoning_content")  # None: dropped
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant message with tool_calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages: the calls it made
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_empty_fields(cls, data: Any):
+        """A message echoed back from a response may carry refusal / audio / ... as null (the openai client's)."""
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not (k in MESSAGE_NEUTRAL and v is None)}
+        return data
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id (and only tool messages carry one)")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (HF's shape): content text (None with only tool calls), and
+        tool calls' arguments as objects where they are JSON objects (templates write them with tojson)."""
+        out = {"role": self.role, "content": None if self.content is None else self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        return out
+
+
+def _json_or_text(text: str):
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
+    return value if isinstance(value, dict) else text
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=NAME)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None  # true: OpenAI's strict schema rule for the arguments (structured.strict_schema)
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -167,12 +348,23 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool = False  # each generated token's logprob in choices[].logprobs.content
     top_logprobs: Int | None = Field(None, ge=0, le=20)  # and this many alternatives (needs logprobs=true)
+    tools: list[Tool] | None = None  # function tools (runtime/serve/tools.py)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: "auto" with tools
+    parallel_tool_calls: bool | None = None  # None = true: one or more calls; false: exactly one
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise RefusedField("top_logprobs needs logprobs=true", param="top_logprobs")
         return self
+
+    @property
+    def tool_choice_name(self) -> str:
+        """tool_choice as one string: "none" | "auto" | "required" | the named function's name."""
+        choice = self.tool_choice
+        if choice is None:
+            return "auto" if self.tools else "none"
+        return choice if isinstance(choice, str) else choice.function.name
 
     @property
     def top(self) -> int | None:
@@ -241,21 +433,25 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens the prefix cache skipped (runtime/prefix_cache.py)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def speculation_field(stats: list[dict]) -> dict:
     """The ``speculation`` extension field: the request's proposals and acceptance over its choices
-    (``stats``: one ``DecodeCore.stats_for`` per choice)."""
+    (``stats``: one ``DecodeCore.stats_for`` per choice); with an output constraint also ``forced`` and
+    ``forced_accepted``, the grammar's forced tokens proposed as drafts (not in ``proposed``)."""
+    forced = {k: sum(s[k] for s in stats) for k in ("forced", "forced_accepted") if k in stats[0]}
     if len(stats) == 1:
-        return {k: stats[0][k] for k in ("method", "proposed", "accepted", "acceptance_rate", "target_passes",
-                                         "tokens_per_pass", "rounds")}
+        return {**{k: stats[0][k] for k in ("method", "proposed", "accepted", "acceptance_rate", "target_passes",
+                                            "tokens_per_pass", "rounds")}, **forced}
     total = {k: sum(s[k] for s in stats) for k in ("proposed", "accepted", "target_passes", "rounds")}
     return {"method": stats[0]["method"], **total,
             "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
-            "tokens_per_pass": (total["accepted"] + total["rounds"]) / max(total["rounds"], 1)}
+            "tokens_per_pass": (total["accepted"] + total["rounds"]) / max(total["rounds"], 1), **forced}
 
 
 def completion_body(rid: str, model: str, choices: list[dict], use: dict, stats: dict) -> dict:
@@ -272,9 +468,14 @@ def completion_choice(index: int, text: str, finish: str | None, logprobs: dict 
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
-def chat_choice(index: int, text: str, finish: str, logprobs: dict | None = None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish}
+def chat_choice(index: int, text: str | None, finish: str, logprobs: dict | None = None,
+                tool_calls: list[dict] | None = None) -> dict:
+    """A chat choice; with ``tool_calls`` ([{"id", "type": "function", "function": {"name", "arguments"}}])
+    the message carries them (``text`` None: no content besides the calls)."""
+    message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
 
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None, index: int = 0,

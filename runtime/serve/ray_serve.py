@@ -14,18 +14,23 @@ replicas. What this module adds:
                so one Prometheus scrape of the cluster's metrics agents sees every replica
 
 ``deployment(spec, ...)`` is the Serve application (``serve.run`` it on an existing cluster, or
-use ``docs/scale-out.md``'s config); ``run(...)`` is what `specrt serve --ray` does.
+use ``docs/scale-out.md``'s config); ``run(...)`` is what `specrt serve --ray`'s driver process does
+(``ray_session.py`` starts it in a session of its own), stopping in order on SIGTERM / SIGINT.
 """
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import sys
 import threading
+import time
 from dataclasses import replace
 
 from .app import AppSpec, build_app
 
 MIRRORED = ("specrt_", "process_")  # metric name prefixes mirrored into Ray's metrics
+CLUSTER_STOP_S = 15.0  # what a stopping driver gives ray.shutdown (about 8 s on 2 busy cores, GCS gone)
 
 
 def check_spec(spec: AppSpec) -> AppSpec:
@@ -39,19 +44,22 @@ def check_spec(spec: AppSpec) -> AppSpec:
     return replace(spec, config=replace(spec.config, batch=replace(spec.config.batch, method=method)))
 
 
-def replica_options(spec: AppSpec, replicas: int, cpus: float) -> dict:
-    """The ``serve.deployment`` options for ``replicas`` replicas of ``spec`` with ``cpus`` CPUs each."""
+def replica_options(spec: AppSpec, replicas: int, cpus: float, drain_timeout: float = 30.0) -> dict:
+    """The ``serve.deployment`` options for ``replicas`` replicas of ``spec`` with ``cpus`` CPUs each; a
+    stopping replica waits up to ``drain_timeout`` s for its running requests."""
     cfg = spec.config
     return {"name": "specrt", "num_replicas": replicas, "ray_actor_options": {"num_cpus": cpus},
             "max_ongoing_requests": cfg.batch.max_batch + cfg.max_queue + 1,
-            "health_check_period_s": 2, "health_check_timeout_s": 30}
+            "health_check_period_s": 2, "health_check_timeout_s": 30,
+            "graceful_shutdown_timeout_s": drain_timeout}
 
 
-def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_interval: float = 2.0):
+def deployment(spec: AppSpec, replicas: int = 1, cpus: float = 1.0, metrics_interval: float = 2.0,
+               drain_timeout: float = 30.0):
     """The bound Serve application: ``replicas`` specrt replicas of ``cpus`` CPUs each."""
     from ray import serve
 
-    @serve.deployment(**replica_options(spec, replicas, cpus))
+    @serve.deployment(**replica_options(spec, replicas, cpus, drain_timeout))
     @serve.ingress()
     class SpecrtReplica:
         def __init__(self, spec: AppSpec, cpus: float, metrics_interval: float):
@@ -139,35 +147,133 @@ class MetricsMirror:
                 gauge.set(s.value, tags=dict(s.labels) or None)
 
 
+class StopRequests:
+    """The signal handler of `specrt serve --ray`'s driver: the first SIGINT/SIGTERM asks for a drain
+    (``drain``), a second one to stop now (``now``: skip what is left of the drain, still stop Ray).
+    ``run`` sets ``serve_removed`` once Serve's part of the stop is over, ``finished`` once all is.
+
+        stop = StopRequests(); stop.install()   # (again after ray.init, which sets its own)
+    """
+
+    def __init__(self):
+        self.drain, self.now = threading.Event(), threading.Event()
+        self.serve_removed, self.finished = threading.Event(), threading.Event()
+
+    def __call__(self, *_) -> None:
+        (self.now if self.drain.is_set() else self.drain).set()
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self)
+
+
+def gcs_answers(address: str | None) -> bool:
+    """Whether the GCS at ``host:port`` accepts a connection (None, unknown: assumed to)."""
+    if not address:
+        return True
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+def watch_stop(stop: StopRequests, gcs: str | None, drain_timeout: float, stop_cluster, log) -> None:
+    """A thread: once a stop was asked for and until Serve is removed, ends the process (after
+    ``stop_cluster()``, given ``CLUSTER_STOP_S``) when the drain runs past ``drain_timeout`` s, on a
+    second signal, or once the cluster's GCS stops answering: a SIGTERM to the whole service (systemd's
+    control-group stop) also reaches Ray's own processes, and Serve's calls (``serve.run`` included)
+    then block 60 s on the lost GCS before Ray ends the process with exit 1. Also ends it if stopping
+    the cluster afterwards takes more than ``CLUSTER_STOP_S``. (Ray's processes on this machine die
+    with this one: Ray ties them to it; `specrt serve --ray` also kills what is left in their session.)"""
+    stop.drain.wait()
+    deadline = time.monotonic() + drain_timeout
+    while not stop.serve_removed.wait(0.2):
+        reason = ("a second signal" if stop.now.is_set() else "Ray's GCS is gone" if not gcs_answers(gcs)
+                  else f"the drain timeout ({drain_timeout:g} s)" if time.monotonic() > deadline else None)
+        if reason:
+            log(f"stopping Ray Serve: {reason}; not waiting for it")
+            ending = threading.Thread(target=stop_cluster, name="specrt-ray-shutdown", daemon=True)
+            ending.start()
+            ending.join(CLUSTER_STOP_S)
+            exit_now()
+    if not stop.finished.wait(CLUSTER_STOP_S):
+        log(f"stopping the Ray cluster took more than {CLUSTER_STOP_S:g} s: not waiting for it")
+        exit_now()
+
+
+def exit_now() -> None:
+    """Ends the process with exit 0 although its main thread is blocked in a Ray call."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run(spec: AppSpec, replicas: int, address: str | None, host: str, port: int, cpus: float,
-        log=print) -> None:
+        drain_timeout: float = 30.0, log=print, stop: StopRequests | None = None) -> None:
     """Deploy on the Ray cluster at ``address`` (None: start a local one) and serve until SIGINT or
-    SIGTERM; then remove the application, and stop the cluster if this call started it. The engine
-    dir is checked first (EngineError / SamplingError before anything starts)."""
+    SIGTERM; then remove the application (replicas drain up to ``drain_timeout`` s) and, if this call
+    started the cluster, Serve and the cluster. A second signal, a drain past its timeout or a lost
+    GCS end the process at once (after stopping the cluster it started: ``watch_stop``). The engine
+    dir is checked first (EngineError / SamplingError before anything starts). `specrt serve --ray`
+    runs this in a process of its own session (``ray_session.py``), so a signal to its process group
+    reaches Ray's processes only through this stop."""
     spec = check_spec(spec)
     import ray
     from ray import serve
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # (a local cluster; set it to "token" for real ones)
-    started, stop = address is None, threading.Event()
+    started, stop, one_shutdown = address is None, stop or StopRequests(), threading.Lock()
+
+    def stop_cluster() -> None:
+        with one_shutdown:
+            if started:
+                ray.shutdown()  # kills its processes (also those of a start a SIGTERM interrupted)
+
+    if stop.drain.is_set():  # a signal while this process started
+        return
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, whose own SIGTERM handler exits mid-call
-            signal.signal(sig, lambda *_: stop.set())
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(deployment(spec, replicas, cpus), name="specrt", route_prefix="/")
-        if not stop.is_set():
+        stop.install()  # after ray.init, whose own SIGTERM handler exits mid-call
+        threading.Thread(target=watch_stop, args=(stop, gcs_address(), drain_timeout, stop_cluster, log),
+                         name="specrt-ray-stop", daemon=True).start()
+        if not stop.drain.is_set():
+            serve.start(http_options={"host": host, "port": port})
+            serve.run(deployment(spec, replicas, cpus, drain_timeout=drain_timeout), name="specrt",
+                      route_prefix="/")
+        if not stop.drain.is_set():
             log(f"serving {spec.config.model_name!r} on {replicas} Ray Serve replica(s) at http://{host}:{port}")
-        while not stop.wait(1.0):
+        while not stop.drain.wait(1.0):
             pass
     except SystemExit:  # SIGTERM while ray.init was starting the cluster
         pass
     finally:
         if ray.is_initialized():
-            try:
-                serve.delete("specrt")
-                serve.shutdown()
-            except Exception as e:  # nothing deployed yet, or the cluster is going away
-                log(f"stopping Ray Serve: {type(e).__name__}: {e}")
+            remove_app(started, log)
+        stop.serve_removed.set()
+        stop_cluster()
+        stop.finished.set()
+
+
+def remove_app(started: bool, log) -> None:
+    """Deletes the application (its replicas drain) and, on the cluster this process started, Serve
+    (on someone else's, Serve may run other applications)."""
+    from ray import serve
+
+    try:
+        serve.delete("specrt")
         if started:
-            ray.shutdown()  # (also a cluster whose start a SIGTERM interrupted)
+            serve.shutdown()
+    except (Exception, SystemExit) as e:  # nothing deployed yet, or the cluster is going away (a Ray call
+        # that ray.shutdown or a lost raylet cuts short raises SystemExit)
+        log(f"stopping Ray Serve: {type(e).__name__}: {e}")
+
+
+def gcs_address() -> str | None:
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # (a Ray Client connection has none here)
+        return None

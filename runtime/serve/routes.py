@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .answer import Job
-from .inputs import (Prompt, authorize, chat_prompt, check_model, completion_prompt, encode, parse, render_and_encode,
-                     sampling_params)
+from .inputs import (Prompt, authorize, chat_prompt, check_model, completion_prompt, encode, output_grammar, parse,
+                     render_and_encode, request_options, sampling_params, tool_plan)
 from .openai_api import ApiError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .state import Server, ServerState
 
@@ -43,16 +43,23 @@ async def chat_completions(request: Request, server: Server):
 async def complete(request: Request, server: ServerState, schema: type,
                    prompt_of: Callable[[ServerState, object], Prompt], chat: bool):
     """One completion request answered: parsed as ``schema``, its prompt encoded by ``prompt_of`` (off
-    the event loop), then admitted to the engine worker as one job and answered (429 when the queue is
-    full, 503 when the worker is not running)."""
+    the event loop), its output constraint (tools, response_format, structured_outputs) compiled on a
+    thread, then admitted to the engine worker as one job and answered (429 when the queue is full, 503
+    when the worker is not running)."""
     t0 = time.perf_counter()  # time to first token counts from here
     scope = authorize(server, request)
     req = await parse(server, request, schema)
     check_model(server, req.model)
+    plan = tool_plan(server, req)
     prompt = await asyncio.to_thread(prompt_of, server, req)  # tokenization off the event loop
     params = sampling_params(server, req, prompt.ids)
+    fields = request_options(server, req)
+    grammar = await output_grammar(server, req, plan)  # off the event loop, within --grammar-timeout
+    if grammar is not None:
+        fields["grammar"] = grammar
     usage_chunk = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    job = Job(prompt.ids, params, chat, req.stream, t0, usage_chunk, prompt.echo, cache_scope=scope)
+    job = Job(prompt.ids, params, chat, req.stream, t0, usage_chunk, prompt.echo, cache_scope=scope, fields=fields,
+              tools=plan)
     return await server.answer(request, job)
 
 

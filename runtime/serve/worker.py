@@ -55,9 +55,10 @@ class RequestHandle:
 
     _ids = itertools.count()
 
-    def __init__(self, prompt_ids, params: list, on_event: Callable[[object], None], cache_scope: str | None = None):
+    def __init__(self, prompt_ids, params: list, on_event: Callable[[object], None], cache_scope: str | None = None,
+                 **fields):
         self.request_id = f"req-{next(self._ids)}"
-        self.requests = [SequenceRequest(f"{self.request_id}.{i}", list(prompt_ids), p, cache_scope)
+        self.requests = [SequenceRequest(f"{self.request_id}.{i}", list(prompt_ids), p, cache_scope, **fields)
                          for i, p in enumerate(params)]
         self.index = {r.request_id: i for i, r in enumerate(self.requests)}  # sequence id -> choice index
         self.on_event = on_event
@@ -137,15 +138,15 @@ class EngineWorker:
 
     # ---- requests -----------------------------------------------------------------------------
     def submit(self, prompt_ids, params, on_event: Callable[[object], None],
-               cache_scope: str | None = None) -> RequestHandle:
+               cache_scope: str | None = None, **fields) -> RequestHandle:
         """Queue a request (thread-safe): ``params`` one ``SamplingParams`` or a list, one per choice;
-        ``cache_scope``: see ``SequenceRequest``. Raises QueueFullError, EngineUnavailableError, or
-        ValueError (more choices than slots)."""
+        ``cache_scope`` and ``fields`` (grammar, method, gamma): ``SequenceRequest``'s, shared by the choices.
+        Raises QueueFullError, EngineUnavailableError, or ValueError (more choices than slots)."""
         params = list(params) if isinstance(params, (list, tuple)) else [params]
         if not 1 <= len(params) <= self.generator.config.max_batch:
             raise ValueError(f"n={len(params)} choices: this server decodes at most "
                              f"{self.generator.config.max_batch} sequences at once (--max-batch)")
-        handle = RequestHandle(prompt_ids, params, on_event, cache_scope)
+        handle = RequestHandle(prompt_ids, params, on_event, cache_scope, **fields)
         with self._cond:
             if not self.running:
                 raise EngineUnavailableError("the engine worker is not running")

@@ -16,10 +16,14 @@ from ...runtime.methods import METHODS
               help="Sequences decoded together in one target pass.")
 @click.option("--max-queue", default=128, show_default=True, type=click.IntRange(0),
               help="Requests waiting for a slot; more get HTTP 429.")
-@click.option("--method", default=None, type=click.Choice(METHODS),
-              help="Proposer (none = no speculation). Default: the engine dir's default.")
+@click.option("--method", default=None, callback=lambda _ctx, _param, v: methods_option(v),
+              help=f"Proposer(s), comma-separated: {', '.join(METHODS)} (none = no speculation). With several "
+                   "(e.g. draft,ngram) a request picks one with its 'speculative' field; the first is the default. "
+                   "Default: the engine dir's default.")
 @click.option("--gamma", default=None, type=int,
               help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="Free slots keep finished requests' KV caches; a prompt sharing their prefix skips its prefill.")
 @click.option("--api-key", multiple=True, envvar="SPECRT_API_KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable: any of the keys; or set "
                    "SPECRT_API_KEY, keys separated by spaces). Suffix decoding's cache of earlier outputs is kept "
@@ -59,11 +63,14 @@ from ...runtime.methods import METHODS
               help="With --ray: the cluster to deploy on (e.g. auto, ray://head:10001). Default: start a local one.")
 @click.option("--cpus-per-replica", default=1.0, show_default=True, type=click.FloatRange(0.1),
               help="With --ray: CPUs Ray reserves per replica (its ONNX Runtime threads unless --threads).")
+@click.option("--grammar-timeout", default=10.0, show_default=True, type=click.FloatRange(0.01),
+              help="Seconds a request's output constraint (response_format, tools, ...) may take to compile; "
+                   "slower gets HTTP 400.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, model_name, threads, backend, device,
-          max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout, body_timeout,
-          max_header_bytes, drain_timeout,
+def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, api_key, model_name, threads,
+          backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
+          body_timeout, max_header_bytes, drain_timeout, grammar_timeout,
           allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
     try:
@@ -84,11 +91,11 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
     spec = AppSpec(str(engine_dir), ServerConfig(
         model_name=name, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
-        allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout,
-        batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma)), backend=backend, threads=threads,
-        device=device)
+        allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
+        batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache)),
+        backend=backend, threads=threads, device=device)
     if use_ray:
-        return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica)
+        return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica, drain_timeout)
     try:
         app = build_app(spec)
     except (EngineError, ValueError, SamplingError) as e:
@@ -105,15 +112,33 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, api_key, 
 
 
 
-def serve_on_ray(spec, replicas: int, address, host: str, port: int, cpus: float) -> None:
+def serve_on_ray(spec, replicas: int, address, host: str, port: int, cpus: float, drain_timeout: int) -> None:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise click.ClickException("--ray needs Ray Serve: pip install 'specrt[ray]'")
-    from ...runtime.serve import ray_serve
     from ...engines import EngineError
+    from ...runtime.serve import ray_serve, ray_session
+
+    try:  # the engine dir and method, before Ray starts
+        spec = ray_serve.check_spec(spec)
+    except (EngineError, ValueError) as e:
+        raise click.ClickException(str(e))
+    run_args = dict(spec=spec, replicas=replicas, address=address, host=host, port=port, cpus=cpus,
+                    drain_timeout=drain_timeout)
+    rc = ray_session.supervise(run_args, drain_timeout, log=lambda m: click.echo(m, err=True))
+    if rc:
+        raise SystemExit(rc)
+
+
+def methods_option(value: str | None) -> str | None:
+    """--method: one method or several, comma-separated ("draft,ngram"); the runtime's rule (parse_methods)."""
+    if value is None:
+        return None
+    from ...runtime.methods import parse_methods
+    from ...runtime.sampling import SamplingError
 
     try:
-        ray_serve.run(spec, replicas, address, host, port, cpus, log=lambda m: click.echo(m, err=True))
-    except (EngineError, ValueError) as e:  # the engine dir or method, checked before Ray starts
-        raise click.ClickException(str(e))
+        return ",".join(parse_methods(value))
+    except SamplingError as e:
+        raise click.BadParameter(str(e))

@@ -38,7 +38,8 @@ def test_accepted(extra, field, value):
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"logprobs": 2, "echo": True}, "echo", "echo with logprobs"),
     ({"best_of": 3}, "best_of", "best_of=3 is not supported"),
-    ({"logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", r"must be in \[-100, 100\]"),
+    ({"logit_bias": {"a": 1}}, "logit_bias", "token ids"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream=true"),
     ({"no_such_field": 1}, "no_such_field", "unknown parameter"),
 ])

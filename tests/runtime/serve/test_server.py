@@ -227,7 +227,7 @@ GOOD = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
 @pytest.mark.parametrize("path,body,headers,status,code,param", [
     ("/v1/completions", b"{not json", AUTH, 400, "invalid_json", None),
     ("/v1/completions", b"[1, 2]", AUTH, 400, "invalid_json", None),
-    ("/v1/completions", {**GOOD, "logit_bias": {"5": 1}}, AUTH, 400, "unsupported_parameter", "logit_bias"),
+    ("/v1/completions", {**GOOD, "logit_bias": {"999": 1}}, AUTH, 400, "invalid_value", "logit_bias"),  # vocab 32
     ("/v1/completions", {**GOOD, "bogus": 1}, AUTH, 400, "unknown_parameter", "bogus"),
     ("/v1/completions", {**GOOD, "max_tokens": 10_000}, AUTH, 400, "context_length_exceeded", "max_tokens"),
     ("/v1/completions", {"model": MODEL}, AUTH, 400, "missing_required_parameter", "prompt"),
