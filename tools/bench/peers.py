@@ -2,6 +2,7 @@
 
     specrt bench peers [--model HF_DIR --draft HF_DIR] [--threads 1] [--precision fp32 int4] [--reps 3]
                        [--genai-python PATH] [--llama-python PATH] [--openvino-python PATH] [--cpp] [--out FILE]
+    specrt bench peers --serve [...]   # the serving comparison: specrt serve vs llama-server (serve_peers.py)
 
 Every system converts the same HF checkpoint itself (specrt: `specrt export`, with --quantize for
 int8/int4; ONNX Runtime GenAI: its model builder; llama.cpp: llama-cpp-python and the GGUF converter
@@ -316,7 +317,14 @@ def print_report(res: dict) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="specrt bench peers", description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--serve" in argv:  # the serving comparison has its own options
+        from .serve_peers import main as serve_main
+
+        serve_main([x for x in argv if x != "--serve"])
+        return
+    ap = argparse.ArgumentParser(prog="specrt bench peers", description=__doc__.splitlines()[0],
+                                 epilog="specrt bench peers --serve --help: the serving comparison (llama-server)")
     ap.add_argument("--model", type=Path, default=DEMO / "target", help="HF checkpoint dir (default: the demo target)")
     ap.add_argument("--draft", type=Path, default=None, help="HF draft dir (default: the demo draft with the demo target)")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads for every system (0: each one's default)")

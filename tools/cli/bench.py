@@ -8,7 +8,8 @@ import click
 @click.pass_context
 def bench(ctx):
     """Benchmarks: `plain` (specrt vs HF transformers and optimum), `spec` (every speculative method) or
-    `peers` (specrt vs ONNX Runtime GenAI, llama.cpp, OpenVINO GenAI where installed).
+    `peers` (specrt vs ONNX Runtime GenAI, llama.cpp, OpenVINO GenAI where installed; `peers --serve`: `specrt
+    serve` vs llama-server through their OpenAI APIs).
 
     `specrt bench --help` / `specrt bench peers --help` list their options. Rows print as they finish."""
     if ctx.args[:1] == ["peers"]:

@@ -122,10 +122,15 @@ def split_documents(docs: list[Document], heldout: list[Document] | None = None)
                                       "lines")
 
 
+def document_ids(tokenizer, docs: list[Document], eos: int) -> list[np.ndarray]:
+    """Every document's tokens followed by EOS: int64 [n_i] each."""
+    return [np.array(e.ids + [eos], dtype=np.int64)
+            for e in tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)]
+
+
 def encode_documents(tokenizer, docs: list[Document], eos: int) -> np.ndarray:
     """One id stream: every document's tokens followed by EOS. int64 [T]."""
-    parts = [np.array(e.ids + [eos], dtype=np.int64)
-             for e in tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)]
+    parts = document_ids(tokenizer, docs, eos)
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 

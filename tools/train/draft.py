@@ -39,6 +39,9 @@ class DraftTrainConfig:
     seed: int = 0
     threads: int = 1  # torch threads (may change on --resume)
     init: str = ""  # an HF checkpoint dir to start from ("" = a new random draft)
+    freeze_embeddings: bool = False  # keep the (tied) embedding / LM head as initialised: cheaper steps
+    features: str = ""  # a dir caching the target's outputs (tools/train/features.py): one target pass in all
+    positions: int = 0  # with features: positions per window the KL trains on, drawn at random (0 = all)
 
 
 def new_draft(target, cfg: DraftTrainConfig):
@@ -64,6 +67,34 @@ def kl_loss(draft, target, ids):
         p_log = F.log_softmax(target(input_ids=ids).logits.float(), -1)
     q_log = F.log_softmax(draft(input_ids=ids).logits.float(), -1)
     return F.kl_div(q_log.flatten(0, 1), p_log.flatten(0, 1), log_target=True, reduction="batchmean")
+
+
+def cached_kl_loss(draft, batch, k: int = 0, rng: np.random.Generator | None = None):
+    """(loss, KL) on a ``features.Batch``: cross-entropy to the target's cached distribution renormalised over
+    its top K (the gradient of KL(p || q)), and that KL; on ``k`` positions per window drawn by ``rng`` (0 = all:
+    the LM head over the vocabulary is most of a small draft's cost)."""
+    from .features import positions, soft_ce, topk_entropy
+
+    hidden = draft.get_decoder()(input_ids=batch.ids).last_hidden_state  # [B, T, H]
+    rows = positions(rng, hidden.shape[1], k)
+    top_ids, top_logp = batch.top_ids[:, rows], batch.top_logp[:, rows]
+    loss = soft_ce(draft.get_output_embeddings()(hidden[:, rows]), top_ids, top_logp)
+    return loss, float(loss.detach()) - topk_entropy(top_logp)
+
+
+def evaluate_cached(draft, batches) -> dict:
+    """``evaluate`` on held-out ``features.Batch``es: KL over the target's top K, greedy agreement."""
+    import torch
+
+    kls, agree, count = [], 0, 0
+    draft.eval()
+    with torch.no_grad():
+        for b in batches:
+            kls.append(cached_kl_loss(draft, b)[1])
+            agree += int((draft(input_ids=b.ids).logits.argmax(-1) == b.top_ids[..., 0]).sum())
+            count += b.ids.shape[1]
+    draft.train()
+    return {"kl": round(float(np.mean(kls)), 4), "greedy_agreement": round(agree / count, 4)}
 
 
 def evaluate(draft, target, windows) -> dict:
@@ -99,28 +130,40 @@ def train(target_dir, data, out, cfg: DraftTrainConfig, heldout=None, resume: bo
     if draft.get_output_embeddings().weight.shape[0] != vocab:
         raise TrainError(f"--init {cfg.init}: its vocabulary ({draft.get_output_embeddings().weight.shape[0]}) is "
                          f"not the target's ({vocab})")
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    if cfg.freeze_embeddings:
+        draft.get_input_embeddings().weight.requires_grad_(False)
+        draft.get_output_embeddings().weight.requires_grad_(False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)
+    cached = setup.features
+    held_batches = cached[1].eval_windows(cfg.eval_windows, cfg.seq) if cached else None
 
-    def one_step(ids):
-        loss = kl_loss(draft, target, ids)
+    def one_step(ids):  # ids [B, T], or a features.Batch with the target's cached outputs
+        if cached:
+            loss, kl = cached_kl_loss(draft, ids, cfg.positions, rng)
+        else:
+            loss = kl_loss(draft, target, ids)
+            kl = float(loss.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        return loss, {"kl": round(loss.item(), 4)}
+        return loss, {"kl": round(float(kl), 4)}
 
     def held_out():
-        e = evaluate(draft, target, windows)
+        e = evaluate_cached(draft, held_batches) if cached else evaluate(draft, target, windows)
         return e, f"held-out KL {e['kl']}, greedy agreement {e['greedy_agreement']}"
 
+    sample = (lambda r: cached[0].sample(r, cfg.batch, cfg.seq)) if cached else None
     history, seconds = training_loop("draft", cfg, out / CHECKPOINT, draft.state_dict, draft.load_state_dict, opt,
-                                     rng, train_ids, one_step, held_out, resume, stop_after, log, progress)
+                                     rng, train_ids, one_step, held_out, resume, stop_after, log, progress, sample)
     final = next((h["eval"] for h in reversed(history) if "eval" in h), None)
     result = {"config": asdict(cfg), "steps_done": len(history), "finished": len(history) >= cfg.steps,
               "seconds": round(seconds, 1), "target": str(target_dir.resolve()), "heldout_split": setup.split,
               "train_documents": len(setup.train_docs), "heldout_documents": len(setup.held_docs),
               "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)), "heldout": final,
+              "kl_over": f"the target's top {cached[0].top_ids.shape[1]} tokens" if cached else "the vocabulary",
               "parameters": sum(p.numel() for p in draft.parameters())}
     if result["finished"]:
         draft.eval().save_pretrained(out)

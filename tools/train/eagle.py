@@ -45,11 +45,19 @@ class EagleTrainConfig:
     seed: int = 0  # data sampling and init seed
     threads: int = 1  # torch intra-op threads (resume needs the same count to be bit-exact)
     dtype: str = "fp16"  # weights of the written head: fp16 | fp32
+    features: str = ""  # a dir caching the target's outputs (tools/train/features.py): one target pass in all
+    cls_positions: int = 0  # with features: rows per window the CE term trains on, drawn at random (0 = all)
 
 
 def head_forward(head, feats, ids):
     """Teacher-forced head over a window: feats [B, T, H], ids [B, T] -> (logits, predicted features) for
     rows t = 0..T-2 (row t predicts f_{t+1} and the token at t+2)."""
+    pred = head_features(head, feats, ids)
+    return head.lm_head(pred).float(), pred
+
+
+def head_features(head, feats, ids):
+    """``head_forward``'s predicted features alone: [B, T-1, H] (the LM head not applied)."""
     import torch
 
     from ...export.eagle_head import causal_mask
@@ -57,8 +65,7 @@ def head_forward(head, feats, ids):
     b, t = ids.shape
     pos = torch.arange(t - 1)[None].expand(b, -1)
     past = head.empty_past(b, feats.dtype)
-    logits, _, _, pred = head(ids[:, 1:], feats[:, :-1], pos, causal_mask(0, t - 1, feats.dtype), past, past)
-    return logits, pred
+    return head.features(ids[:, 1:], feats[:, :-1], pos, causal_mask(0, t - 1, feats.dtype), past, past)[0]
 
 
 def eagle_loss(head, feats, teacher_logits, ids, cfg: EagleTrainConfig):
@@ -70,6 +77,39 @@ def eagle_loss(head, feats, teacher_logits, ids, cfg: EagleTrainConfig):
     teacher = torch.softmax(teacher_logits[:, 1:].float(), -1)  # [B, T-1, V] target's p after position t+1
     l_cls = -(teacher * torch.log_softmax(logits, -1)).sum(-1).mean()
     return l_feat + cfg.w_cls * l_cls, (float(l_feat.detach()), float(l_cls.detach()))
+
+
+def cached_eagle_loss(head, batch, cfg: EagleTrainConfig, rng: np.random.Generator | None = None):
+    """``eagle_loss`` on a ``features.Batch`` (the target's cached outputs; soft labels over its top K). With
+    ``cfg.cls_positions`` the CE term (the LM head: most of a step's cost) sees that many rows per window,
+    drawn by ``rng``; the feature term sees all."""
+    import torch
+
+    from .features import positions, soft_ce
+
+    pred = head_features(head, batch.hidden, batch.ids)  # [B, T-1, H]
+    l_feat = torch.nn.functional.smooth_l1_loss(pred, batch.hidden[:, 1:])
+    rows = positions(rng, pred.shape[1], cfg.cls_positions) + 1  # [n'] target positions of the CE rows
+    l_cls = soft_ce(head.lm_head(pred[:, rows - 1]), batch.top_ids[:, rows], batch.top_logp[:, rows])
+    return l_feat + cfg.w_cls * l_cls, (float(l_feat.detach()), float(l_cls.detach()))
+
+
+def evaluate_cached(head, batches) -> dict:
+    """``evaluate`` on held-out ``features.Batch``es (the target's greedy token is its cached top 1)."""
+    import torch
+
+    hits1 = hits5 = text = count = 0
+    with torch.no_grad():
+        for b in batches:
+            logits, _ = head_forward(head, b.hidden, b.ids)  # [1, T-1, V]
+            greedy = b.top_ids[0, 1:, 0]  # [T-1]
+            top = logits[0].topk(5, -1).indices  # [T-1, 5]
+            hits1 += int((top[:, 0] == greedy).sum())
+            hits5 += int((top == greedy[:, None]).any(-1).sum())
+            text += int((top[:-1, 0] == b.ids[0, 2:]).sum())
+            count += len(greedy)
+    return {"top1": round(hits1 / count, 4), "top5": round(hits5 / count, 4),
+            "top1_text": round(text / max(1, count - len(batches)), 4)}
 
 
 def evaluate(model, head, windows) -> dict:
@@ -114,22 +154,29 @@ def train(target_dir, data, out, cfg: EagleTrainConfig, heldout=None, resume: bo
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     rng = np.random.default_rng(cfg.seed)
 
-    def one_step(ids):
-        with torch.no_grad():
-            o = model(input_ids=ids, output_hidden_states=True)
-        loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
+    cached = setup.features
+    held_batches = cached[1].eval_windows(cfg.eval_windows, cfg.seq) if cached else None
+
+    def one_step(ids):  # ids [B, T], or a features.Batch with the target's cached outputs
+        if cached:
+            loss, (l_feat, l_cls) = cached_eagle_loss(head, ids, cfg, rng)
+        else:
+            with torch.no_grad():
+                o = model(input_ids=ids, output_hidden_states=True)
+            loss, (l_feat, l_cls) = eagle_loss(head, o.hidden_states[-1], o.logits, ids, cfg)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         return loss, {"feat": round(l_feat, 4), "cls": round(l_cls, 4)}
 
     def held_out():
-        e = evaluate(model, head, windows)
+        e = evaluate_cached(head, held_batches) if cached else evaluate(model, head, windows)
         return e, f"held-out top-1 {e['top1']} (top-5 {e['top5']})"
 
+    sample = (lambda r: cached[0].sample(r, cfg.batch, cfg.seq)) if cached else None
     history, seconds = training_loop("eagle", cfg, out / CHECKPOINT, head.trained_state,
                                      lambda state: head.load_state_dict(state, strict=False), opt, rng, train_ids,
-                                     one_step, held_out, resume, stop_after, log, progress)
+                                     one_step, held_out, resume, stop_after, log, progress, sample)
     result = training_record(cfg, history, seconds, target_dir, train_files, held, train_ids, held_ids)
     result["heldout_split"] = split
     if result["finished"]:

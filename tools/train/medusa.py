@@ -49,6 +49,7 @@ class TrainingSetup:
     held_docs: list
     split: str  # how the held-out part was chosen
     windows: list  # fixed held-out evaluation windows of cfg.seq tokens
+    features: tuple | None = None  # (train, held-out) FeatureCache: the target's outputs computed once
 
 
 def check_out_dir(out: Path, resume: bool, force: bool) -> None:
@@ -81,7 +82,14 @@ def prepare(target_dir: Path, data, heldout, cfg, log) -> TrainingSetup:
         raise TrainError(str(e)) from None
     eval_rng = np.random.default_rng(12345)
     windows = [held_ids[s : s + cfg.seq] for s in eval_rng.integers(0, len(held_ids) - cfg.seq, cfg.eval_windows)]
-    return TrainingSetup(model, train_ids, held_ids, train_docs, held_docs, split, windows)
+    features = None
+    if getattr(cfg, "features", ""):  # the target's outputs once, in cfg.features/{train,heldout}.npz
+        from .data import document_ids
+        from .features import cached_features
+
+        features = tuple(cached_features(model, document_ids(tok, docs, eos), Path(cfg.features) / f"{name}.npz", log)
+                         for name, docs in (("train", train_docs), ("heldout", held_docs)))
+    return TrainingSetup(model, train_ids, held_ids, train_docs, held_docs, split, windows, features)
 
 
 def warmup_cosine_lr(step: int, steps: int, peak: float) -> float:
@@ -171,12 +179,14 @@ class StepCheckpoints:
 
 
 def training_loop(name: str, cfg, ckpt: Path, weights, load, opt, rng, train_ids, one_step, evaluate,
-                  resume: bool, stop_after: int | None, log, progress: bool) -> tuple[list, float]:
+                  resume: bool, stop_after: int | None, log, progress: bool, sample=None) -> tuple[list, float]:
     """The loop every trainer shares: resume from ``ckpt``, then steps with the learning-rate schedule,
     held-out evaluations and resume checkpoints (``StepCheckpoints``). Returns (history, training seconds).
 
     weights() -> the state to checkpoint; load(state) restores it; one_step(ids [B, T]) -> (loss tensor,
     extra record fields), backward and optimizer step included; evaluate() -> (eval dict, a log line).
+    sample(rng) -> what one_step takes instead of ids (default: windows of ``train_ids``), e.g. a
+    ``features.Batch`` of cached target outputs.
     """
     from tqdm import tqdm
 
@@ -192,7 +202,7 @@ def training_loop(name: str, cfg, ckpt: Path, weights, load, opt, rng, train_ids
     t0 = time.time()
     with StepCheckpoints(cfg.save_every, end, log) as checkpoints:
         while step < end:
-            ids = sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
+            ids = sample(rng) if sample else sample_windows(rng, train_ids, cfg.batch, cfg.seq)  # [B, T]
             for g in opt.param_groups:
                 g["lr"] = warmup_cosine_lr(step, cfg.steps, cfg.lr)
             loss, extra = one_step(ids)

@@ -1,0 +1,70 @@
+"""`specrt bench peers --serve` without servers: its options, the plan with a missing llama-server listed with the
+recipe that builds it, the interleaved order, and the report (best vs best, goals MET / NOT MET)."""
+import pytest
+
+from specrt.tools.bench import peers, serve_peers
+from specrt.tools.bench.serve_peers_report import goals, markdown, same_as_plain, summary
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--clients", "0"], "positive integer"), (["--rounds", "x"], "positive integer"),
+    (["--engine", "int4"], "PRECISION=DIR"), (["--engine", "int3=/x"], "precision must be one of"),
+    (["--precisions", "int3"], "invalid choice"), (["--draft-gguf", "/no/such.gguf"], "no such file")])
+def test_bad_arguments_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_peers.parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_smoke_is_one_round_one_client_two_short_prompts():
+    a = serve_peers.parse_args(["--smoke", "--engine", "int4=/e"])
+    assert (a.rounds, a.clients, a.prompts, a.max_tokens, a.engine) == (1, [1], 2, 16, {"int4": "/e"})
+
+
+def test_missing_llama_server_is_listed_with_how_to_build_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path))
+    peers.main(["--serve", "--plan", "--llama-server", str(tmp_path / "llama-server")])  # via `specrt bench peers`
+    out = capsys.readouterr().out
+    assert f"missing: llama.cpp: llama-server not found at {tmp_path / 'llama-server'}" in out
+    for step in ("pip download --no-binary :all: --no-deps llama-cpp-python", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON",
+                 "--target llama-server llama-quantize"):
+        assert step in out
+    assert "would run: specrt int4 none, specrt int4 ngram, specrt int4 suffix" in out  # specrt still runs
+
+
+def test_interleaving_every_unit_once_per_step_in_rotating_order():
+    units, tasks = ["a", "b", "c"], ["completion", "chat"]
+    kept = serve_peers.jobs(units, 2, tasks, 0, keep=True)
+    steps = [kept[i:i + 3] for i in range(0, len(kept), 3)]
+    assert [[u for u, _, _ in s] for s in steps] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert [s[0][1:] for s in steps] == [(1, "completion"), (1, "chat"), (2, "completion"), (2, "chat")]
+    restarted = serve_peers.jobs(units, 2, tasks, 1, keep=False)  # one server at a time: its rounds back to back
+    assert [u for u, _, _ in restarted] == ["b"] * 4 + ["c"] * 4 + ["a"] * 4
+    assert [(r, t) for u, r, t in restarted[:4]] == [(1, "completion"), (1, "chat"), (2, "completion"), (2, "chat")]
+
+
+def record(system, method, tps, rnd=1, clients=1, texts=("x",)):
+    return {"system": system, "precision": "int4", "weights": "int4" if system == "specrt" else "Q4_0",
+            "method": method, "task": "chat", "round": rnd, "clients": clients, "tokens_per_s": tps,
+            "tokens": 10, "wall_s": 1.0, "texts": list(texts)}
+
+
+def test_report_best_vs_best_and_goals():
+    records = [record("specrt", "none", 100), record("specrt", "ngram", 180, texts=("y",)),
+               record("llama.cpp", "none", 90), record("llama.cpp", "ngram-mod", 110),
+               record("specrt", "none", 100, clients=4), record("llama.cpp", "none", 120, clients=4)]
+    same_as_plain(records)
+    assert [r["same_as_plain"] for r in records[:4]] == [None, 0.0, None, 1.0]
+    rows = summary(records)
+    row = next(r for r in rows if r["clients"] == 1)
+    assert (row["specrt_best_method"], row["llama_best_method"]) == ("ngram", "ngram-mod")
+    assert row["best_ratio"] == pytest.approx(180 / 110) and row["plain_ratio"] == pytest.approx(100 / 90)
+    status = {g["goal"]: g for g in goals(rows)}
+    plain_goal = status["specrt plain >= 1.0x llama.cpp plain at 1 and 4 clients (every round)"]
+    assert plain_goal["status"] == "NOT MET" and plain_goal["short"] == ["chat r1 c4: 0.83x"]
+    assert status["specrt best >= 1.5x llama.cpp best at 1 client, first round"]["status"] == "MET"
+    assert status["repeated round: specrt best >= llama.cpp best (every client count)"]["status"] == "NOT MEASURED"
+    text = markdown({"rows": rows, "goals": goals(rows), "missing": {"llama.cpp int8": "why"},
+                     "runs": [{k: v for k, v in r.items() if k != "texts"} for r in records]})
+    assert "| int4 | chat | 1 | 1 | 100 | 180 (ngram) | 90 | 110 (ngram-mod) | 1.11x | 1.64x |" in text
+    assert "**NOT MET** [int4] specrt plain" in text and "missing: llama.cpp int8: why" in text
