@@ -106,9 +106,10 @@ def repeating_prompt(rt):
 
 
 T1, T08 = dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)
-CASES = [("weak", "draft", 2, False, T1), ("weak", "draft", 3, True, T08), ("weak", "ngram", 3, True, T1),
-         ("weak", "suffix", 3, False, T08), ("medusa", "medusa", 1, False, T1), ("medusa", "medusa", 1, True, T08),
-         ("eagle", "eagle", 1, True, T1), ("eagle", "eagle", 1, False, T08)]
+METHODS = [("weak", "draft", 3), ("weak", "ngram", 3), ("weak", "suffix", 3), ("medusa", "medusa", 1),
+           ("eagle", "eagle", 1)]  # (engine pair, method, γ)
+CASES = [(pair, method, gamma, batched, sampling) for pair, method, gamma in METHODS
+         for batched in (False, True) for sampling in (T1, T08)]  # every method: batch 1 and batched, T=1 and T=0.8 + top-p
 
 
 @pytest.mark.parametrize("pair,method,gamma,batched,sampling", CASES, ids=str)
