@@ -40,6 +40,16 @@ def allowed_after(out) -> frozenset:
     return HIGH if out[-1] in LOW else LOW
 
 
+def by_hand(x, out, allowed, bias=(), min_tokens=0, ends=()):
+    """The constraint applied by hand to one row of logits x [V] (in place) after output ``out``: logit_bias,
+    then the end ids forbidden before ``min_tokens``, then every token ``allowed(out)`` lacks."""
+    for tok, b in bias:
+        x[tok] += b
+    if len(out) < min_tokens:
+        x[list(ends)] = -np.inf
+    x[[t for t in range(V) if t not in allowed(out)]] = -np.inf
+
+
 def constrained_joint(model, prompt, sampling: dict, allowed=allowed_after, bias=(), min_tokens=0, ends=()):
     """P[t1, t2, t3] under the target's masked p: logits + bias, ``ends`` -inf before ``min_tokens`` tokens,
     tokens outside ``allowed(out)`` -inf, then the float64 reference filter (temperature, top-k/p)."""
@@ -49,12 +59,7 @@ def constrained_joint(model, prompt, sampling: dict, allowed=allowed_after, bias
         with torch.no_grad():
             logits = model(torch.tensor(seqs)).logits[:, -1].double().numpy()
         for x, seq in zip(logits, seqs):
-            out = seq[len(prompt):]
-            for tok, b in bias:
-                x[tok] += b
-            if len(out) < min_tokens:
-                x[list(ends)] = -np.inf
-            x[[t for t in range(V) if t not in allowed(out)]] = -np.inf
+            by_hand(x, seq[len(prompt):], allowed, bias, min_tokens, ends)
         return reference_probs(logits, **ref)
 
     p1 = dist([prompt])[0]
@@ -177,12 +182,7 @@ def masked_greedy(graph, prompt, n, allowed=allowed_after, bias=(), min_tokens=0
     seq = list(prompt)
     for _ in range(n):
         x = fresh_logits(graph, seq, 48).astype(np.float64)
-        out = seq[len(prompt):]
-        for tok, b in bias:
-            x[tok] += b
-        if len(out) < min_tokens:
-            x[list(ends)] = -np.inf
-        x[[t for t in range(V) if t not in allowed(out)]] = -np.inf
+        by_hand(x, seq[len(prompt):], allowed, bias, min_tokens, ends)
         seq.append(int(np.argmax(x)))
     return seq[len(prompt):]
 
