@@ -160,7 +160,7 @@ def _allowed(row, shape: tuple, prefixes) -> np.ndarray | None:
         return None
     keep = np.ones((n, v), bool) if grammar is None else grammar  # (masks() returns a fresh array)
     if ends:
-        keep = keep.copy()
+        keep = keep.copy()  # ``grammar`` stays as it was: an emptied row falls back to it below
         keep[np.ix_(early, ends)] = False
     empty = ~keep.any(-1)  # [N] min_tokens against a complete grammar: the grammar wins
     if empty.any():

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from ..prefix_cache import shared_prefix
 from ..sampling import probs, process_logits, sample
 from . import EMPTY, Proposal
 
@@ -44,19 +45,12 @@ class DraftProposer:
 
     def cached(self, row) -> int:
         """Leading tokens of ``row.seq`` whose entries the draft's slot holds (runtime/prefix_cache.py)."""
-        seen, seq = self.seen.get(row.request.request_id, ()), row.seq
-        n, limit = 0, min(len(seen), len(seq))
-        while n < limit and seen[n] == seq[n]:
-            n += 1
-        return n
+        return shared_prefix(self.seen.get(row.request.request_id, ()), row.seq)
 
     def _unseen(self, row) -> list[int]:
         """Roll the row's draft cache back to its longest common prefix with row.seq; returns the rest."""
         seen, seq = self.seen[row.request.request_id], row.seq
-        n, limit = 0, min(len(seen), len(seq))
-        while n < limit and seen[n] == seq[n]:
-            n += 1
-        n = min(n, len(seq) - 1)  # the draft must run on at least the last token to get its logits
+        n = min(shared_prefix(seen, seq), len(seq) - 1)  # the draft must run on at least the last token to get its logits
         self.runner.rollback(row.slot, n)
         del seen[n:]
         return seq[n:]
