@@ -52,6 +52,8 @@ class GraphSpec:
     aux_hidden_layers: tuple | None = None  # layers whose input hidden states form `aux_hidden` (EAGLE-3); None: no output
     batched_file: str | None = None  # in_place graphs: the batched twin (calls of several rows of Q > 1 tokens),
     # engine-dir relative; None: such calls run row by row
+    decode_file: str | None = None  # in_place target graphs: the padded graph of single-row calls (decode steps
+    # computed as verify passes are; export/decode_pad.py), engine-dir relative; None: they run the fused graph
     latency: dict | None = None  # export-time T(Q): {"q": [...], "seconds": [...], "ratio": [...], "past", ...}
     # (export/latency.py); None: not measured (traced graphs, older engine dirs)
 
@@ -130,12 +132,14 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
                      sliding_window=m.get("sliding_window"), windows=_windows(m, geo.num_layers, where),
                      aux_hidden_layers=_aux_layers(m, geo.num_layers, where), batched_file=m.get("batched_file"),
-                     latency=_latency(m, where))
-    for name in (spec.file, spec.batched_file):
+                     decode_file=m.get("decode_file"), latency=_latency(m, where))
+    for name in (spec.file, spec.batched_file, spec.decode_file):
         if name is not None and not (root / name).is_file():
             raise EngineError(f"engine dir {root}: {role} graph file {name!r} is missing")
     if spec.batched_file is not None and spec.kv_layout != "in_place":
         raise EngineError(f"manifest.json: {where}batched_file is for kv_layout in_place graphs only")
+    if spec.decode_file is not None and spec.kv_layout != "in_place":
+        raise EngineError(f"manifest.json: {where}decode_file is for kv_layout in_place graphs only")
     if spec.dtype not in ("fp32", "fp16"):
         raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
     if spec.kv_layout not in KV_LAYOUTS:

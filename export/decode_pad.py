@@ -12,6 +12,7 @@ SmolLM2-135M fp32, int8, int4, w8a8). The MatMuls still see Q rows: the cost is 
 
     qkv' = Pad(qkv, one row of zeros)         position_ids' = Pad(position_ids, edge)
     mask' = Pad(mask, one row, one column)    seqlens_k' = seqlens_k + 1, total' = total + 1
+    cos' = Pad(cos_cache, edge row), sin' too (GQA wants total' rows; the padding row's position is the last's)
     out = Slice(GQA(qkv', ...), rows [0, Q))
 
 The padding row is causal-last (no real row attends to it) and writes its K/V one entry past the call's
@@ -19,14 +20,31 @@ new ones, which therefore must exist: the runtime needs one spare cache entry pe
 entries). Not for batched calls: GQA refuses Q > 1 after a past at batch > 1, so a batch of decode steps
 needs the unpadded graph (whose steps differ from verify passes as before).
 
+The export writes the padded graph of the target's fused graph beside it (``write_decode_graph``:
+``target_decode.onnx``, reading the same weights file as the fused graph and its batched twin; manifest
+field ``decode_file``), after quantization, and checks it (``check_decode``); the runtime runs every
+single-row call through it (runtime/in_place.py).
+
 Example::
 
     proto = onnx.load("target.onnx")
     pad_attention(proto)   # in place; returns the number of GQA nodes padded
+
+    write_decode_graph(Path("engine/target.onnx"))   # -> "target_decode.onnx" (after batched_graph.write_twin)
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from .errors import ExportError
+
+# the padded graph against the fused graph, a verify pass after the same prompt: gross-error bounds (its
+# attention rows take the other GQA path, as the twin's do: fp32 last bits, quantized graphs' int8 rounding)
+BOUNDS = {"rel": 1e-3, "kl_mean": 0.05}  # rel: fp32 graphs; kl_mean: quantized graphs
+PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7)  # check_decode's prompt and tokens (ids modulo the vocabulary)
+TOKENS = (2, 7, 1, 8, 2)
 
 
 def pad_attention(proto) -> int:
@@ -37,7 +55,8 @@ def pad_attention(proto) -> int:
     consts = {"pad/q_row": np.array([0, 0, 0, 0, 1, 0], np.int64), "pad/pos_col": np.array([0, 0, 0, 1], np.int64),
               "pad/mask": np.array([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "pad/one": np.array(1, np.int32),
               "pad/start": np.array([0], np.int64), "pad/end": np.array([-1], np.int64),
-              "pad/axis": np.array([1], np.int64)}
+              "pad/axis": np.array([1], np.int64),
+              "pad/cache_row": np.array([0, 0, 1, 0], np.int64)}
     g.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     nodes, made, count = [], {}, 0
 
@@ -59,6 +78,9 @@ def pad_attention(proto) -> int:
         ins[5] = once(f"{ins[5]}/pad", "Add", [ins[5], "pad/one"])
         ins[6] = once(f"{ins[6]}/pad", "Add", [ins[6], "pad/one"])
         ins[9] = once(f"{ins[9]}/pad", "Pad", [ins[9], "pad/pos_col"], mode="edge")
+        for i in (7, 8):  # cos/sin caches [max_len, D/2]: a full cache's call has total' = max_len + 1
+            if ins[i]:
+                ins[i] = once(f"{ins[i]}/pad", "Pad", [ins[i], "pad/cache_row"], mode="edge")
         if ins[10]:
             ins[10] = once(f"{ins[10]}/pad", "Pad", [ins[10], "pad/mask"])
         padded = node.output[0] + "/pad"
@@ -71,3 +93,52 @@ def pad_attention(proto) -> int:
     del g.node[:]
     g.node.extend(nodes)
     return count
+
+
+def decode_name(graph_file: str) -> str:
+    """``target.onnx`` -> ``target_decode.onnx``."""
+    return Path(graph_file).stem + "_decode.onnx"
+
+
+def write_decode_graph(path: Path) -> str:
+    """Write the padded copy of the fused graph at ``path`` beside it (``decode_name``), its weights read from
+    the fused graph's external data file (``batched_graph.write_twin`` put them there: call it first). Returns
+    the padded graph's file name."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)  # initializers stay references into <name>.data
+    if not pad_attention(proto):
+        raise ExportError(f"{path.name}: not a fused graph (no GroupQueryAttention node to pad)")
+    out = path.with_name(decode_name(path.name))
+    onnx.save(proto, str(out))
+    return out.name
+
+
+def check_decode(fused_path: Path, decode_path: Path, quantized: bool) -> dict:
+    """After a short prompt, 5 decode steps and the verify pass of the same 5 tokens through the padded graph,
+    and that verify pass through the fused graph. Returns {"steps_vs_verify" (max |Δlogit| between the padded
+    graph's decode steps and its verify pass: 0 where the MatMul kernels are row-independent, as measured on
+    x86 with AVX-512), "rel", "kl_mean" (the padded graph's verify pass against the fused graph's)}.
+    ExportError beyond ``BOUNDS`` (``rel`` for fp32 graphs, ``kl_mean`` for quantized ones): a wrong rewrite,
+    not last-bit noise."""
+    from ..engines.ort import OrtEngine
+    from .batched_graph import _kl
+    from .fused_call import FusedCall
+
+    padded = FusedCall(OrtEngine(decode_path), len(PROMPT) + len(TOKENS) + 1)  # + 1: the padding row's entry
+    vocab = padded.widths["logits"]
+    prompt, tokens = [t % vocab for t in PROMPT], [t % vocab for t in TOKENS]
+    p = len(prompt)
+    padded.run(prompt, 0)
+    steps = np.stack([padded.run([t], p + i)["logits"][0, 0].copy() for i, t in enumerate(tokens)])
+    verify = padded.run(tokens, p)["logits"][0].copy()  # [5, V]
+    fused = FusedCall(OrtEngine(fused_path), p + len(tokens))
+    fused.run(prompt, 0)
+    ref = fused.run(tokens, p)["logits"][0]
+    rel = float(np.abs(verify - ref).max() / max(float((ref.max(-1) - ref.min(-1)).min()), 1e-30))
+    kl_mean = float(_kl(ref.astype(np.float64), verify.astype(np.float64)).mean())
+    report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "rel": rel, "kl_mean": kl_mean}
+    if (kl_mean if quantized else rel) > BOUNDS["kl_mean" if quantized else "rel"]:
+        raise ExportError(f"{decode_path.name}: its verify pass differs from {fused_path.name}'s ({report}); "
+                          "the padding rewrite is wrong for this graph")
+    return report

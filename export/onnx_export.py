@@ -397,6 +397,8 @@ def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Hea
         role_cfg = heads.target_config(model, target_vocab, src, cfg)
     log(f"exporting {role} {type(model).__name__} from {src} ...")
     entry = export_graph(model, out / f"{role}.onnx", role_cfg)
+    if role == "target" and entry["kv_layout"] == "in_place":  # decode steps computed as verify passes are
+        entry.update(write_decode(out / entry["file"], bool(role_cfg.quantize)))
     if cfg.torch_weights:  # the exact weights the graph was exported from, in the graph's dtype
         model.save_pretrained(out / "torch" / role)
         entry["torch_weights"] = f"torch/{role}"
@@ -411,6 +413,14 @@ def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Hea
             **({"checkpoint": checkpoint} if checkpoint else {})}, eos_ids(src, model)
 
 
+def write_decode(path: Path, quantized: bool) -> dict:
+    """The padded graph of the fused graph at ``path`` (export/decode_pad.py), checked: its manifest fields."""
+    from .decode_pad import check_decode, write_decode_graph
+
+    name = write_decode_graph(path)
+    return {"decode_file": name, "decode_parity": check_decode(path, path.parent / name, quantized)}
+
+
 def log_graph_summary(log, role: str, entry: dict) -> None:
     """One line: the graph's size and kind, its export time, and its parity (export/parity.summary)."""
     graph = ("fused" if entry["kv_layout"] == "in_place" else "traced") + (
@@ -421,6 +431,9 @@ def log_graph_summary(log, role: str, entry: dict) -> None:
         c = entry["latency"]
         log(f"  {role}: T(1) {c['seconds'][0] * 1e3:.2f} ms here; T(Q)/T(1) "
             + ", ".join(f"{q}: {r:.2f}" for q, r in zip(c["q"][1:], c["ratio"][1:])))
+    if entry.get("decode_parity"):  # export/decode_pad.py
+        log(f"  {role}: {entry['decode_file']}: decode steps vs verify pass max |Δlogit| "
+            f"{entry['decode_parity']['steps_vs_verify']:.2g}")
 
 
 def write_manifest(out: Path, cfg: ExportConfig, target_vocab: str, eos: list[int], models: dict,

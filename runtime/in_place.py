@@ -1,6 +1,6 @@
 """An ``InPlaceRunner`` runs a fused graph (kv_layout "in_place") whose attention writes the KV cache itself.
 
-The cache is head-major, ``data`` [2 * layers, slots, Hkv, max_len, D], one plane per layer K or V,
+The cache is head-major, ``data`` [2 * layers, slots, Hkv, max_len + 1, D], one plane per layer K or V,
 and each plane's rows are bound ONCE to the graph as both ``past_*`` and ``present_*`` (ORT's
 shared past/present buffer): a call writes row r's Q new entries at [lengths[r], lengths[r] + Q)
 and copies no past. ``lengths`` [slots] counts the valid entries; everything after is stale and
@@ -22,10 +22,19 @@ GroupQueryAttention replaced by ops that take several rows of Q > 1 tokens, whic
 GroupQueryAttention refuses. Each row's mask is its own (``contract.in_place_mask``). An engine dir without
 a twin (exported before it), a runner of one slot, or an onnxruntime that cannot load it runs such calls
 row by row. A row whose padding would run past the cache runs alone (its padding cut).
+
+Every single-row call (decode steps, chain verify passes, a tree, prefill chunks) runs through the target's
+padded graph where the engine dir has one (``decode_file``, export/decode_pad.py): each attention call gets
+one padding query row, so a decode step takes GroupQueryAttention's Q >= 2 path and its logits equal the
+verify pass's row bit for bit (in int8/int4/w8a8 graphs the Q = 1 path's last bits became whole quantization
+steps: greedy speculation departed from plain greedy). The padding row writes its K/V one entry past the
+call's, hence the cache's spare entry per slot (``max_len`` stays the usable length). Several-row calls of
+Q = 1 keep the fused graph (GroupQueryAttention refuses Q > 1 after a past at batch > 1).
 """
 from __future__ import annotations
 
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -64,20 +73,23 @@ class InPlaceRunner(Runner):
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
                  hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
-                 aux_size: int | None = None, batched: "Twin | None" = None):
+                 aux_size: int | None = None, batched: "Sibling | None" = None, decode: "Sibling | None" = None):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
         self.engine = engine
         self.batched = batched  # the batched twin: calls of R > 1 rows with Q > 1 (None: row by row)
+        self.single = decode or engine  # single-row calls: the padded graph (None: the fused graph)
         self.dtype = np.float32
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
         self.features = {n: w for n, w in (("hidden", hidden_size), ("aux_hidden", aux_size)) if w}  # output -> width
-        self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len, head_dim), dtype=np.float32)
+        # + 1: the padded graph's padding row writes one entry past a call's new ones (never valid, never read)
+        self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len + 1, head_dim), dtype=np.float32)
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
         self.bindings: dict[tuple[int, int, bool], Binding] = {}  # (first slot, rows, twin?) -> those cache rows bound
+        # (one row: through ``single``)
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
         self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
         self.on_call = on_call
@@ -90,14 +102,15 @@ class InPlaceRunner(Runner):
         aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
-                   aux, open_twin(engine, spec) if max_batch > 1 else None)
+                   aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec))
 
     def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
-        """The binding of the fused graph (``twin``: of the batched twin) whose cache inputs/outputs are
-        slots [first, first + rows) (made once)."""
+        """The binding of the fused graph (``twin``: of the batched twin; one row: of ``single``) whose cache
+        inputs/outputs are slots [first, first + rows) (made once)."""
         key = (first, rows, twin)
         if key not in self.bindings:
-            self.bindings[key] = self._cache_binding(first, rows, self.batched if twin else self.engine)
+            graph = self.batched if twin else (self.single if rows == 1 else self.engine)
+            self.bindings[key] = self._cache_binding(first, rows, graph)
         return self.bindings[key]
 
     def _cache_binding(self, first: int, rows: int, engine=None) -> Binding:
@@ -145,7 +158,7 @@ class InPlaceRunner(Runner):
         a = self.chain_arrays.get((slot, q))
         if a is None:
             buffer = self.mask_buffers.setdefault(slot, np.zeros(CHAIN_Q * self.max_len, np.float32))
-            a = self.chain_arrays[slot, q] = ChainArrays(self._cache_binding(slot, 1), q, buffer,
+            a = self.chain_arrays[slot, q] = ChainArrays(self._cache_binding(slot, 1, self.single), q, buffer,
                                                          {"logits": self.vocab_size, **self.features})
         a.ids[0] = ids
         np.add(a.offsets, n, out=a.position[0])
@@ -208,33 +221,57 @@ class InPlaceRunner(Runner):
         return self.data[:, slot, :, :n]
 
 
-class Twin:
-    """A fused graph's batched twin in an ONNX Runtime session: what ``Binding`` needs of an engine."""
+class Sibling:
+    """A graph beside the fused graph (its batched twin, its padded decode graph) in an ONNX Runtime session:
+    what ``Binding`` needs of an engine."""
 
     def __init__(self, session):
         self.session = session
 
 
-def open_twin(engine: OrtEngine, spec) -> Twin | None:
+_SIBLINGS: "weakref.WeakKeyDictionary[OrtEngine, dict[str, Sibling]]" = weakref.WeakKeyDictionary()  # one session
+# per (engine, file), shared by every runner of that engine (ORT sessions run concurrently; bindings are per runner)
+
+
+def open_twin(engine: OrtEngine, spec) -> Sibling | None:
     """The batched twin of ``spec`` (its manifest's ``batched_file``) in a session with ``engine``'s options,
     or None: none exported, or this onnxruntime cannot load it (a warning says so; Q > 1 batches then run
     row by row)."""
-    import onnxruntime as ort
-
     if spec.batched_file is None:
         return None
-    path = Path(engine.path).parent / spec.batched_file
+    return open_sibling(engine, spec.batched_file, "batched twin", "batches with several tokens per row run row by row")
+
+
+def open_decode(engine: OrtEngine, spec) -> Sibling | None:
+    """The padded graph of ``spec`` (its manifest's ``decode_file``), or None: none exported (engine dirs before
+    it, drafts), or this onnxruntime cannot load it (a warning says so; single-row calls then run the fused graph)."""
+    if spec.decode_file is None:
+        return None
+    return open_sibling(engine, spec.decode_file, "padded decode graph",
+                        "decode steps run the fused graph (they may differ from verify passes in the last bits)")
+
+
+def open_sibling(engine: OrtEngine, file: str, what: str, otherwise: str) -> Sibling | None:
+    """``file`` (engine-dir relative) in a session with ``engine``'s options, opened once per engine; None with
+    a warning (saying ``otherwise``) where ONNX Runtime cannot load it. EngineError if its I/O differs."""
+    import onnxruntime as ort
+
+    opened = _SIBLINGS.setdefault(engine, {})
+    if file in opened:
+        return opened[file]
+    path = Path(engine.path).parent / file
     try:
         session = ort.InferenceSession(str(path), sess_options=engine.session.get_session_options(),
                                        providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's own error types (an onnxruntime before 1.23 has no TensorScatter)
         warnings.warn(f"{path.name}: ONNX Runtime {ort.__version__} cannot load it ({str(e).splitlines()[0]}); "
-                      "batches with several tokens per row run row by row", stacklevel=2)
+                      f"{otherwise}", stacklevel=3)
         return None
     if [i.name for i in session.get_inputs()] != engine.input_names or \
             [o.name for o in session.get_outputs()] != engine.output_names:
-        raise EngineError(f"{path.name}: its inputs/outputs differ from {engine.path.name}'s (not its batched twin)")
-    return Twin(session)
+        raise EngineError(f"{path.name}: its inputs/outputs differ from {engine.path.name}'s (not its {what})")
+    opened[file] = Sibling(session)
+    return opened[file]
 
 
 def consecutive_runs(slots: np.ndarray) -> list[np.ndarray]:

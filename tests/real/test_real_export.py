@@ -19,3 +19,5 @@ def test_export_with_no_flags_succeeds(smollm2_export, kind):
     target = json.loads((e.engine_dir / "manifest.json").read_text())["models"]["target"]
     assert target["quantize"] == (None if kind == "fp32" else kind)
     assert target["vocab_size"] == 49152 and target["num_layers"] == 30
+    # the padded graph of single-row calls, checked by the export: decode steps equal the verify pass's rows
+    assert target["decode_file"] == "target_decode.onnx" and target["decode_parity"]["steps_vs_verify"] == 0.0

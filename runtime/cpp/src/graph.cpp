@@ -32,12 +32,14 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (threads > 0) options.SetIntraOpNumThreads(threads);
   if (spin_us >= 0) options.AddConfigEntry("session.intra_op.spin_duration_us", std::to_string(spin_us).c_str());
-  const std::string path = root + "/" + spec.file;
+  // batch 1: every call is one row, so the padded graph (decode_file) replaces the fused one where there is one
+  const std::string &file = spec.decode_file.empty() ? spec.file : spec.decode_file;
+  const std::string path = root + "/" + file;
   try {
     session_ = Ort::Session(env, path.c_str(), options);
   } catch (const Ort::Exception &e) {
     std::string what = e.what();
-    throw EngineError("ONNX Runtime cannot load " + spec.file.substr(spec.file.find_last_of('/') + 1) + ": " +
+    throw EngineError("ONNX Runtime cannot load " + file.substr(file.find_last_of('/') + 1) + ": " +
                       what.substr(0, what.find('\n')));
   }
   input_names_ = contract_inputs(spec.num_layers, spec.kv_layout);
@@ -47,12 +49,14 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   check_inputs();
   memory_ = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
   entry_bytes_ = static_cast<size_t>(spec.num_kv_heads) * spec.head_dim * elem_;
-  planes_.assign(2 * spec.num_layers, std::vector<uint8_t>(entry_bytes_ * max_len));
+  // + 1 with the padded graph: its padding row writes one entry past a call's new ones (never valid, never read)
+  const int64_t entries = max_len + (spec.decode_file.empty() ? 0 : 1);
+  planes_.assign(2 * spec.num_layers, std::vector<uint8_t>(entry_bytes_ * entries));
   const size_t small = in_place_ ? 5 : 3;  // ids, positions, mask (+ seqlens_k, total_sequence_length)
   inputs_.resize(small);
   outputs_.resize(1);  // logits
   if (in_place_) {  // the whole buffer, bound as past and as present once: the graph writes its new entries in place
-    const int64_t shape[] = {1, spec.num_kv_heads, max_len, spec.head_dim};
+    const int64_t shape[] = {1, spec.num_kv_heads, entries, spec.head_dim};
     for (auto &plane : planes_) {
       inputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type_));
       outputs_.push_back(Ort::Value::CreateTensor(memory_, plane.data(), plane.size(), shape, 4, kv_type_));

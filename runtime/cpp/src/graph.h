@@ -47,6 +47,7 @@ class Graph {
   Ort::Session session_{nullptr};
   Ort::MemoryInfo memory_{nullptr};
   std::vector<std::vector<uint8_t>> planes_;  // per layer K, V: time_major [max_len, 1, Hkv, D]; in_place [1, Hkv, max_len, D]
+                                              // (max_len + 1 with spec.decode_file)
   std::vector<float> logits_;                 // [q, vocab]
   std::vector<uint8_t> mask_;                 // [q, L + q] in the model dtype
   std::vector<int64_t> positions_;

@@ -145,6 +145,12 @@ GraphSpec graph(const std::string &root, const std::string &role, const json &m)
       out_names != contract_outputs(g.num_layers, g.has_hidden, g.kv_layout, g.aux_hidden_layers.has_value()))
     fail("manifest.json: " + where + "inputs/outputs do not match the graph contract for " +
          std::to_string(g.num_layers) + " layers (see docs/engine-format.md)");
+  if (m.contains("decode_file") && !m["decode_file"].is_null()) {
+    g.decode_file = as_str(m["decode_file"], where + "decode_file");
+    if (!is_file(join(root, g.decode_file)))
+      fail("engine dir " + root + ": " + role + " graph file " + py_str(g.decode_file) + " is missing");
+    if (g.kv_layout != "in_place") fail("manifest.json: " + where + "decode_file is for kv_layout in_place graphs only");
+  }
   if (shapes.is_object() && shapes.contains("prefill")) g.prefill_chunk = as_int(shapes["prefill"], where + "shapes.prefill");
   if (g.prefill_chunk < 1) fail("manifest.json: " + where + "shapes.prefill must be >= 1");
   if (m.contains("sliding_window") && !m["sliding_window"].is_null())

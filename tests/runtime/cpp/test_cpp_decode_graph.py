@@ -1,0 +1,47 @@
+"""libspecrt on a quantized engine with the target's padded graph (``decode_file``, export/decode_pad.py): it runs
+every call through it, so its greedy speculation equals plain greedy and the Python runtime, token for token,
+up to a full cache; an engine dir without the field still runs (the fused graph)."""
+import json
+import shutil
+
+import pytest
+
+import specrt
+from specrt.tools.libspecrt import CppEngine
+
+TARGET = dict(arch="llama", hidden=64, scale=20.0)  # head_dim 16: the fused graph (as test_decode_graph.py)
+MAX_LEN = 48
+
+
+@pytest.fixture(scope="module")
+def engine(build_engine):
+    return build_engine("decode_pad_int4", TARGET, max_len=MAX_LEN, quantize="int4")
+
+
+def prompts():
+    base = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    return {"five": base[:5], "repeats": base + base[:6], "fills_cache": (base * 10)[: MAX_LEN - 12]}
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_cpp_greedy_speculation_equals_plain_and_python(lib, engine, method):
+    rt, cpp = specrt.load(engine), CppEngine(lib, engine)
+    assert rt.target.spec.decode_file == "target_decode.onnx"
+    for name, prompt in prompts().items():
+        plain = cpp.generate(prompt, max_new_tokens=40, method="none")
+        out = cpp.generate(prompt, max_new_tokens=40, method=method, gamma=3)
+        py = rt.generate(prompt, max_new_tokens=40, method="none")
+        assert out.token_ids == plain.token_ids == py.token_ids, name
+        if name == "fills_cache":  # the last call's padding row wrote the cache's spare entry
+            assert len(prompt) + len(out.token_ids) == MAX_LEN and out.finish_reason == "length"
+
+
+def test_cpp_without_the_decode_field_runs_the_fused_graph(lib, engine, tmp_path):
+    copy = shutil.copytree(engine, tmp_path / "engine")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for key in ("decode_file", "decode_parity"):
+        del manifest["models"]["target"][key]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "target_decode.onnx").unlink()
+    out = CppEngine(lib, copy).generate([3, 1, 4, 1, 5], max_new_tokens=20, method="none")
+    assert len(out.token_ids) == 20
