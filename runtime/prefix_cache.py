@@ -4,15 +4,19 @@ with tokens such a slot holds reuses their K/V instead of prefilling them.
 The decode core (runtime/core.py) keeps its active sequences in slots 0..B-1. Here the free slots
 B..max_batch-1 keep what the sequences that left them held (``Retained``: the tokens, and how many of
 them the target's cache and the proposer's own cache hold), least recently used first out. Nothing
-is allocated: memory is the ``max_batch`` slots the runners already have, and a server whose slots
-are all busy keeps nothing (a slot is reused as soon as it is free).
+is allocated in the slots: memory is the ``max_batch`` slots the runners already have. A slot is reused
+as soon as it is free, so a server whose slots are all busy keeps nothing there; the host-memory tier
+(``PrefixStore``, runtime/prefix_store.py, ``host_mb`` MB) keeps a copy of a kept slot's caches the
+moment the slot is overwritten (its sequence dropped, or a hit cutting it short), and a claim takes the
+longer prefix of the two tiers (a kept slot on a tie: no copy).
 
     a row leaves      ``retain`` (what its slot holds), ``move_row`` (the last active row takes its
                       place: the two slots SWAP, so the leaving row's caches land at the free end),
                       ``release`` (the freed slot keeps them)
     a prompt arrives  ``claim``: the free slot sharing the longest prefix with the prompt (at least
                       ``min_hit`` tokens, or the whole prompt but its last token) swaps into slot B,
-                      its lengths are cut to the shared prefix, and the core prefills only the rest.
+                      its lengths are cut to the shared prefix, and the core prefills only the rest
+                      (or a stored copy sharing more is written into slot B).
                       The last prompt token always runs: its logits give the first token.
 
 Worked example: a slot kept [5, 6, 7, 8, 9] (prompt [5, 6, 7] + output [8, 9]; the target's cache holds
@@ -38,6 +42,8 @@ head that means a cold target prefill too); the target's K/V serve any other met
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .prefix_store import PrefixStore
 
 MIN_HIT = 16  # shortest shared prefix worth a slot swap, unless it is the whole prompt (but its last token)
 
@@ -66,11 +72,13 @@ class PrefixCache:
 
     ``target``: the target's runner; ``proposers``: the core's proposer, or its proposers (a dict by method,
     or a list): the caches of those with a ``runner`` move slot for slot with the target's. ``enabled``
-    False: a slot is emptied when its row leaves (no reuse). ``hits`` / ``hit_tokens`` count the prompts
-    that reused a prefix and the prompt tokens they did not prefill.
+    False: a slot is emptied when its row leaves (no reuse). ``host_mb``: the host-memory tier's budget
+    (``store``; 0: none). ``hits`` / ``hit_tokens`` count the prompts that reused a prefix (from a slot or
+    the store) and the prompt tokens they did not prefill.
     """
 
-    def __init__(self, target, proposers, max_batch: int, enabled: bool = True, min_hit: int = MIN_HIT):
+    def __init__(self, target, proposers, max_batch: int, enabled: bool = True, min_hit: int = MIN_HIT,
+                 host_mb: float = 0):
         if isinstance(proposers, dict):
             proposers = proposers.values()
         elif not isinstance(proposers, (list, tuple)):
@@ -83,6 +91,8 @@ class PrefixCache:
         self.enabled = bool(enabled) and all(hasattr(p, "cached") for p in own) and (
             max_batch == 1 or all(hasattr(r, "entries") for r in self.runners))
         self.min_hit = min_hit
+        host = self.enabled and host_mb > 0 and all(hasattr(r, "entries") for r in self.runners)
+        self.store = PrefixStore(int(host_mb * 2 ** 20), self.runners) if host else None  # the host tier
         self.kept: list[Retained | None] = [None] * max_batch  # per slot; only free slots keep anything
         self.clock = 0
         self.hits = 0  # prompts that reused a kept prefix
@@ -136,12 +146,23 @@ class PrefixCache:
         free slots beyond that keep nothing or something older (else it is dropped). Returns the prompt tokens
         the target's slot holds: the prefill runs ``ids[returned:]``."""
         proposer = proposer or self.proposer
-        best = self._best(ids, slot, proposer) if self.enabled else None
+        need = max(1, min(self.min_hit, len(ids) - 1))  # a hit reuses min_hit tokens, or all it can
+        best = self._best(ids, slot, proposer, need) if self.enabled else None
+        stored = self._best_stored(ids, proposer, need) if self.store is not None else None
         n = entries = 0
-        if best is not None:
+        if stored is not None and (best is None or stored[1] > best[1]):
+            item, n, entries = stored
+            self._evacuate(range(slot, slot + count), slot + count)
+            self.store.load(item, slot, self._counts(n, entries, proposer))
+            self.store.hits += 1
+            self.store.hit_tokens += n
+        elif best is not None:
             j, n, entries = best
             self._swap(j, slot)
+            if n < self.kept[slot].target:  # the new sequence overwrites what it does not share: copy it first
+                self._spill(self.kept[slot], slot)
             self.kept[slot] = None  # consumed: the new sequence writes past the shared prefix
+        if n:
             self.hits += 1
             self.hit_tokens += n
         self._evacuate(range(slot, slot + count), slot + count)
@@ -153,9 +174,10 @@ class PrefixCache:
             proposer.runner.set_length(slot, entries)
         return n
 
-    def _reusable(self, rec: Retained, ids: list, proposer) -> tuple[int, int]:
-        """(target entries, proposer entries) of ``rec`` valid for prompt ``ids`` served by ``proposer``."""
-        c = shared_prefix(rec.tokens, ids)
+    def _reusable(self, rec: Retained, ids: list, proposer, c: int | None = None) -> tuple[int, int]:
+        """(target entries, proposer entries) of ``rec`` valid for prompt ``ids`` served by ``proposer``
+        (``c``: the tokens they share, if known)."""
+        c = shared_prefix(rec.tokens, ids) if c is None else c
         n = min(c, rec.target, len(ids) - 1)  # the last prompt token runs: its logits give the first token
         if proposer.runner is None:
             return n, 0
@@ -164,10 +186,9 @@ class PrefixCache:
             n = entries = min(n, entries)
         return n, entries
 
-    def _best(self, ids: list, first: int, proposer) -> tuple[int, int, int] | None:
+    def _best(self, ids: list, first: int, proposer, need: int) -> tuple[int, int, int] | None:
         """(slot, target entries, proposer entries) of the free slot reusing the most of ``ids`` (ties: the
-        most recent), if it reuses at least ``min_hit`` tokens or all it can (the prompt but its last token)."""
-        need = max(1, min(self.min_hit, len(ids) - 1))
+        most recent), if it reuses at least ``need`` tokens."""
         best, best_key = None, None
         for j in range(first, len(self.kept)):
             rec = self.kept[j]
@@ -177,6 +198,26 @@ class PrefixCache:
             if n >= need and (best_key is None or (n, rec.used) > best_key):
                 best, best_key = (j, n, entries), (n, rec.used)
         return best
+
+    def _best_stored(self, ids: list, proposer, need: int) -> tuple[object, int, int] | None:
+        """(stored entry, target entries, proposer entries) of the store's entry reusing the most of ``ids``
+        (ties: the most recently used), if it reuses at least ``need`` tokens."""
+        best = None
+        for item, c in self.store.search(ids, need):
+            n, entries = self._reusable(item.kept, ids, proposer, c)
+            if n >= need and (best is None or n >= best[1]):
+                best = (item, n, entries)
+        return best
+
+    def _counts(self, n: int, entries: int, proposer) -> list[int]:
+        """Per runner, how many entries a claim by ``proposer`` reuses: the target ``n``, the proposer's
+        runner ``entries``, the others none."""
+        return [n if r is self.target else entries if r is proposer.runner else 0 for r in self.runners]
+
+    def _spill(self, rec: Retained | None, slot: int) -> None:
+        """Copy ``rec``, what ``slot`` holds, into the host tier (if any) before the slot is overwritten."""
+        if self.store is not None and rec is not None:
+            self.store.save(rec, slot, [self._entries(rec, r) for r in self.runners])
 
     def _swap(self, a: int, b: int) -> None:
         """Two free slots trade their kept caches."""
@@ -198,7 +239,9 @@ class PrefixCache:
             older = [d for d in range(first, len(self.kept)) if d not in free and self.kept[d].used < rec.used]
             dest = free[0] if free else min(older, key=lambda d: self.kept[d].used) if older else None
             if dest is None:
+                self._spill(rec, s)  # dropped from the slots: the host tier keeps a copy
                 continue
+            self._spill(self.kept[dest], dest)  # the older sequence it replaces (if any) goes to the host tier
             for runner in self.runners:
                 runner.copy_entries(s, dest, self._entries(rec, runner))
             self.kept[dest] = rec

@@ -89,9 +89,10 @@ def app_builder(args: dict):
     """Ray's ``serve run`` entry point (values arrive as strings):
 
         serve run specrt.runtime.serve.ray_serve:app_builder engine_dir=/models/engine replicas=2 cpus=4 \
-            max_batch=8 max_queue=128 method=draft model_name=code api_key=KEY threads=4
+            max_batch=8 max_queue=128 method=draft model_name=code api_key=KEY threads=4 prefix_cache_mb=512
 
-    Only ``engine_dir`` is required; the rest default as in `specrt serve`.
+    Only ``engine_dir`` is required; the rest default as in `specrt serve` (``prefix_cache_mb=0``: no
+    host-memory tier of the prefix cache).
     """
     from pathlib import Path
 
@@ -99,7 +100,7 @@ def app_builder(args: dict):
     from .config import ServerConfig
 
     known = {"engine_dir", "replicas", "cpus", "max_batch", "max_queue", "method", "gamma", "model_name", "api_key",
-             "threads", "backend"}
+             "threads", "backend", "prefix_cache_mb"}
     unknown = sorted(set(args) - known)
     if unknown or "engine_dir" not in args:
         raise ValueError(f"specrt app_builder: engine_dir=DIR is required; unknown arguments {unknown}; "
@@ -108,7 +109,9 @@ def app_builder(args: dict):
     config = ServerConfig(model_name=args.get("model_name") or Path(args["engine_dir"]).resolve().name,
                           max_queue=get("max_queue", int, 128), api_key=args.get("api_key"),
                           batch=CoreConfig(max_batch=get("max_batch", int, 8), method=args.get("method"),
-                                           gamma=get("gamma", int, None)))
+                                           gamma=get("gamma", int, None),
+                                           **({"prefix_cache_mb": float(args["prefix_cache_mb"])}
+                                              if "prefix_cache_mb" in args else {})))
     spec = check_spec(AppSpec(args["engine_dir"], config, backend=args.get("backend", "ort"),
                               threads=get("threads", int, None)))
     return deployment(spec, replicas=get("replicas", int, 1), cpus=get("cpus", float, 1.0))

@@ -24,6 +24,9 @@ from ...runtime.methods import METHODS
               help="Fixed draft length every step (forces speculation on; 0 = off). Default: the batch-aware policy.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Free slots keep finished requests' KV caches; a prompt sharing their prefix skips its prefill.")
+@click.option("--prefix-cache-mb", default=512.0, show_default=True, type=click.FloatRange(0),
+              help="Host memory for copies of the KV caches the prefix cache's slots give up (with every slot busy, "
+                   "a repeated prompt still hits); least recently used first out; 0 = slots only.")
 @click.option("--api-key", multiple=True, envvar="SPECRT_API_KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable: any of the keys; or set "
                    "SPECRT_API_KEY, keys separated by spaces). Suffix decoding's cache of earlier outputs is kept "
@@ -68,8 +71,8 @@ from ...runtime.methods import METHODS
                    "slower gets HTTP 400.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, api_key, model_name, threads,
-          backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
+def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, prefix_cache_mb, api_key,
+          model_name, threads, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
           body_timeout, max_header_bytes, drain_timeout, grammar_timeout,
           allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -92,7 +95,8 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         model_name=name, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
-        batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache)),
+        batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache,
+                         prefix_cache_mb=prefix_cache_mb)),
         backend=backend, threads=threads, device=device)
     if use_ray:
         return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica, drain_timeout)

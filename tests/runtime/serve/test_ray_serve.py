@@ -140,5 +140,6 @@ def test_serve_run_app_builder_validates_its_arguments(engine):
         app_builder({"replicas": "2"})
     with pytest.raises(ValueError, match="unknown arguments \\['bogus'\\]"):
         app_builder({"engine_dir": str(engine), "bogus": "1"})
-    app = app_builder({"engine_dir": str(engine), "replicas": "2", "max_batch": "4", "method": "ngram"})
+    app = app_builder({"engine_dir": str(engine), "replicas": "2", "max_batch": "4", "method": "ngram",
+                       "prefix_cache_mb": "64"})
     assert app is not None
