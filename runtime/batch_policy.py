@@ -17,6 +17,17 @@ every step, from measurements:
 and the policy runs the γ in 0..γmax with the highest predicted throughput (ties: the smaller γ).
 A measured ``speculation_max_batch`` (manifest ``defaults``, written by profiling) caps it:
 speculation is off above that batch size whatever the prediction says.
+
+The prediction leaves out what a step costs besides its engine calls (proposing, verification
+bookkeeping, masks, rows with nothing to propose padded into the pass) and trusts α estimates that
+lag, so a guard checks it against what steps realize (``RealizedRates``): per batch size the
+whole-step tokens/s (host + engine: tokens, positions and host time per step measured, the engine
+cost read from T) of speculative steps and of plain steps; where
+speculative steps realize less, the step is plain (reason "guard") and every ``probe_every``-th
+such step (doubling, up to 4x, while it keeps losing) the speculative rate is measured afresh,
+so speculation comes back once it pays. Plain
+steps are spent only where speculative ones do not already beat B / T(B) (a plain step's engine
+call alone), and then re-measured every ``probe_every`` speculative steps.
 """
 from __future__ import annotations
 
@@ -91,10 +102,63 @@ class PolicyDecision:
     gamma: int  # draft length for this step (0 = speculation off)
     predicted_speedup: float  # predicted throughput at gamma / throughput at γ = 0 (1.0 when off)
     reason: str  # "policy" (chosen by prediction) | "cap" (batch above speculation_max_batch) | "probe" | "fixed"
-    # | "room" (no sequence could draft this step: the policy was not asked)
+    # | "room" (no sequence could draft this step: the policy was not asked) | "guard" (plain: measured
+    # speculative steps realize fewer tokens/s than plain ones, or a plain step to keep that measured)
 
 
 NO_ROOM = PolicyDecision(0, 1.0, "room")
+REASONS = ("policy", "probe", "cap", "fixed", "room", "guard")  # every PolicyDecision.reason (/metrics labels)
+
+
+class RealizedRates:
+    """Measured tokens per second of whole steps (host + engine), per batch size, plain vs speculative.
+
+    Per (batch, speculative) decayed sums over steps of tokens, positions, host seconds and engine
+    seconds. A rate puts what does not move with the machine's load (tokens per step, positions
+    per step, host time as a fraction of engine time) over the latency curve's current engine cost:
+
+        rate = tokens per step / (T(positions per step) · (1 + host / engine))
+
+    so two arms measured minutes apart, under different load, still compare. Known once
+    ``min_steps`` steps were recorded; one step's host seconds count at most ``spike`` times the
+    arm's mean (a preempted step does not swing the guard).
+
+        r = RealizedRates()
+        for _ in range(3):
+            r.record(4, False, tokens=4, seconds=0.011, engine=0.010, positions=4)  # plain: 10% host
+            r.record(4, True, tokens=6, seconds=0.033, engine=0.030, positions=20)  # speculative
+        T = lambda n: 0.010 if n <= 4 else 0.030  # the engine curve now
+        r.rate(4, True, T) < r.rate(4, False, T)  # -> True (182 < 364 tok/s): speculation does not pay
+    """
+
+    def __init__(self, decay: float = 0.8, spike: float = 3.0, min_steps: int = 3):
+        self.decay, self.spike, self.min_steps = decay, spike, min_steps
+        self.arms: dict[tuple[int, bool], list] = {}  # (batch, speculative) -> [tokens, positions, host, engine,
+        # weight] decayed, and the number of steps recorded
+
+    def record(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
+               positions: int) -> None:
+        """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls over
+        ``positions`` = B·Q positions."""
+        arm = self.arms.setdefault((batch, speculative), [0.0, 0.0, 0.0, 0.0, 0.0, 0])
+        host = max(0.0, seconds - engine)
+        if arm[5]:
+            host = min(host, self.spike * arm[2] / arm[4])
+        d = self.decay
+        for i, x in enumerate((tokens, positions, host, engine, 1.0)):
+            arm[i] = d * arm[i] + x
+        arm[5] += 1
+
+    def rate(self, batch: int, speculative: bool, target_seconds: Callable[[int], float]) -> float | None:
+        """Tokens/s of the arm at this batch size at the engine cost ``target_seconds`` (n -> seconds of one
+        pass) says now; None before ``min_steps`` steps."""
+        arm = self.arms.get((batch, speculative))
+        if arm is None or arm[5] < self.min_steps:
+            return None
+        tokens, positions, host, engine, weight, _ = arm
+        t = target_seconds(max(1, round(positions / weight)))
+        cost = t * (1 + host / engine) if engine > 0 else t + host / weight
+        return tokens / weight / max(cost, 1e-12)
 
 
 def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],
@@ -153,9 +217,10 @@ class PolicyConfig:
     fixed_gamma: int | None = None  # run this γ every step (0 = off): forced on/off; None = the policy decides
     speculation_max_batch: int | None = None  # measured cap from the manifest's defaults (None = no cap)
     probe_every: int = 16  # steps decided at γ = 0 before one probe step at γ = 1 (keeps α measured);
-    # a tree method doubles the interval after each probe that leaves it off (up to 16x), back on: reset
+    # the interval doubles after each probe that leaves speculation off (up to 4x; a tree: 16x), back on: reset
     draft_cost: bool = True  # whether proposals cost draft passes (False for n-gram lookup)
     tree: tuple[int, int] | None = None  # (nodes, depth) of a tree method: γ is 0 (plain) or 1 (verify the tree)
+    guard: bool = True  # check the prediction against realized whole-step tokens/s (False: the prediction alone)
 
 
 class SpeculationPolicy:
@@ -173,12 +238,21 @@ class SpeculationPolicy:
         self._idle_steps = 0
         self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
+        self.realized = RealizedRates()  # whole-step tokens/s per batch size, plain vs speculative: the guard's
+        self._guard_steps: dict[int, tuple] = {}  # batch -> (guarded steps on one arm since the other was
+        # re-measured, steps between re-measurements: probe_every, doubling up to 4x while speculation keeps losing)
 
     def record_target(self, batch: int, q: int, seconds: float) -> None:
         self.target_curve.record(batch * q, seconds)
 
     def record_draft(self, batch: int, q: int, seconds: float) -> None:
         self.draft_curve.record(batch * q, seconds)
+
+    def record_step(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
+                    positions: int) -> None:
+        """A whole step of ``batch`` rows of this method: ``tokens`` emitted in ``seconds`` (host + ``engine``
+        seconds of target calls over ``positions`` = B·Q positions)."""
+        self.realized.record(batch, speculative, tokens, seconds, engine, positions)
 
     def draft_seconds(self, batch: int) -> float:
         if not self.config.draft_cost or not self.draft_curve:
@@ -203,14 +277,42 @@ class SpeculationPolicy:
             self._idle_steps += 1
             if self._idle_steps >= self._probe_interval:
                 self._idle_steps = 0
-                if cfg.tree is not None:  # a tree probe is expensive: back off while the tree keeps losing
-                    self._probe_interval = min(2 * self._probe_interval, 16 * cfg.probe_every)
+                # a probe costs every row a padded position (a tree: B·N): back off while speculation stays off
+                self._probe_interval = min(2 * self._probe_interval, (16 if cfg.tree is not None else 4) * cfg.probe_every)
                 d = PolicyDecision(1, d.predicted_speedup, "probe")
         else:
             self._idle_steps = 0
             self._probe_interval = cfg.probe_every
+            if d.gamma > 0 and d.reason == "policy" and cfg.guard:
+                d = self._guard(len(alphas), d)
         self.last = d
         return d
+
+    def _guard(self, batch: int, d: PolicyDecision) -> PolicyDecision:
+        """The predicted speculative step ``d`` checked against measured whole steps at this batch size: plain
+        ("guard") where speculative steps realized fewer tokens/s than plain ones, or to measure plain steps at
+        all, unless they beat even B / T(B), a plain step's engine call alone (then no plain step is spent).
+        Every ``probe_every`` guarded steps on one arm the other arm is forgotten and measured afresh
+        (``min_steps`` steps), so either can win back; while speculation keeps losing, the interval doubles
+        (up to 4x)."""
+        t = self.target_curve.seconds
+        spec, plain = self.realized.rate(batch, True, t), self.realized.rate(batch, False, t)
+        if spec is None:  # speculation not measured (again) yet at this batch size: as predicted
+            return d
+        if spec >= batch / t(batch):  # faster than a plain step's engine call alone
+            return d
+        if plain is None:  # then plain steps, to compare
+            return PolicyDecision(0, 1.0, "guard")
+        count, interval = self._guard_steps.get(batch, (0, self.config.probe_every))
+        wins = spec >= plain
+        if wins:
+            interval = self.config.probe_every
+        if count + 1 > interval:  # re-measure the arm not run lately; speculation that keeps losing: less often
+            self._guard_steps[batch] = (0, interval if wins else min(2 * interval, 4 * self.config.probe_every))
+            self.realized.arms.pop((batch, not wins), None)
+            return PolicyDecision(0, 1.0, "guard") if wins else d
+        self._guard_steps[batch] = (count + 1, interval)
+        return d if wins else PolicyDecision(0, spec / plain, "guard")
 
     def max_speculative_batch(self, alpha: float, max_batch: int) -> int:
         """``speculation_max_batch`` under the current measurements (and the manifest's cap)."""

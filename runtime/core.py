@@ -61,6 +61,8 @@ class CoreConfig:
     acceptance: str = "exact"  # "typical": Medusa-2's LOSSY rule (method medusa, temperature > 0 only)
     prefix_cache: bool = True  # free slots keep finished sequences' caches for prompts that share a prefix
     # (runtime/prefix_cache.py)
+    prefix_cache_mb: float = 512  # host-memory tier of the prefix cache: copies of overwritten slots' caches,
+    # at most this many MB (runtime/prefix_store.py; 0 = none)
     forced_tokens: bool = True  # a grammar's forced tokens are a row's proposal (False: measure without)
 
 
@@ -169,7 +171,7 @@ class DecodeCore:
         self.max_len, self.gamma_max, self.vocab_size = limits.max_len, limits.gamma_max, limits.vocab_size
         self.rows: list[Row] = []  # rows[i].slot == i
         self.prefix = PrefixCache(target, cache_owner(self.proposers, self.proposer), config.max_batch,
-                                  config.prefix_cache)  # what free slots keep
+                                  config.prefix_cache, host_mb=config.prefix_cache_mb)  # what free slots keep
         self.served = AlphaEstimate()  # α over the sequences served: a new sequence starts from it
         self._probes = 0  # tree probes so far (each probes one row, in turn)
         if config.calibrate and set(self.proposers) != {"none"}:
@@ -275,7 +277,7 @@ class DecodeCore:
         """One round for every active sequence; finished sequences leave their slots."""
         if not self.rows:
             return [], None
-        t0 = time.perf_counter()
+        t0, engine0 = time.perf_counter(), self.target.engine_seconds
         rows = list(self.rows)
         decisions, gammas, ks = self._plan(rows)
         proposals, work = self._propose(rows, ks)  # work: method -> [rows it proposed for, seconds]
@@ -291,11 +293,21 @@ class DecodeCore:
             if update.finish_reason:
                 self._free(row)
         decision = decisions[next(m for m in self.proposers if m in decisions)]
+        tokens, seconds, positions = sum(map(len, news)), time.perf_counter() - t0, out.logits.shape[0] * out.logits.shape[1]
+        self._account(rows, decisions, tokens, seconds, self.target.engine_seconds - engine0, positions)
         return updates, StepReport(
             batch_size=len(rows), gamma=max(d.gamma for d in decisions.values()), decision=decision,
-            positions=out.logits.shape[0] * out.logits.shape[1], tokens=sum(map(len, news)),
+            positions=positions, tokens=tokens,
             proposed=sum(len(p.tokens) for p in proposals), accepted=sum(len(k) - 1 for k in keeps),
-            seconds=time.perf_counter() - t0, decisions=decisions)
+            seconds=seconds, decisions=decisions)
+
+    def _account(self, rows: list[Row], decisions: dict, tokens: int, seconds: float, engine: float,
+                 positions: int) -> None:
+        """Each method's policy learns what the whole step realized (host + engine: its guard's evidence),
+        keyed by its rows' count (a core serving several methods: the step's figures are shared)."""
+        for method, decision in decisions.items():
+            count = sum(row.method == method for row in rows)
+            self.policies[method].record_step(count, decision.gamma > 0, tokens, seconds, engine, positions)
 
     def _plan(self, rows: list[Row]) -> tuple[dict, list[int], list[int]]:
         """Per method among the rows its policy's decision; per row its γ and proposal size k_b (0: none)."""
@@ -506,6 +518,8 @@ def check_config(config: CoreConfig, gamma_max: int) -> None:
     """A clear error for a bad size, γ or acceptance rule (the method: ``methods.check_method``)."""
     if config.max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {config.max_batch}")
+    if config.prefix_cache_mb < 0:
+        raise ValueError(f"prefix_cache_mb must be >= 0 (0 = no host-memory tier), got {config.prefix_cache_mb}")
     if config.gamma is not None and not 0 <= config.gamma <= gamma_max:
         raise SamplingError(f"gamma must be in 0..{gamma_max} or None for the policy, got {config.gamma}")
     methods = set(parse_methods(config.method)) - {"none"}

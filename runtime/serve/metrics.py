@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
+from ..batch_policy import REASONS
 from ..core import StepReport
 
 PRIOR_ALPHA = 0.6  # α assumed before anything was proposed (GammaController's prior)
@@ -73,7 +74,7 @@ class ServerMetrics:
                                     "(measured costs, current acceptance)", registry=r)
         self._tps = None  # EWMA tokens/s
         self._totals = {"tokens": 0, "sequence_passes": 0, "proposed": 0, "accepted": 0}
-        for reason in ("policy", "probe", "cap", "fixed", "room"):
+        for reason in REASONS:
             self.decision.labels(reason).set(0)
 
     def render(self) -> bytes:
@@ -121,6 +122,6 @@ class ServerMetrics:
             self.tokens_per_second.set(self._tps)
         self.speculation.set(1 if report.gamma > 0 else 0)
         self.gamma.set(report.gamma)
-        for reason in ("policy", "probe", "cap", "fixed", "room"):
+        for reason in REASONS:
             self.decision.labels(reason).set(1 if report.decision.reason == reason else 0)
         self.predicted_speedup.set(report.decision.predicted_speedup)

@@ -64,6 +64,7 @@ def batch1_core(rt, proposer=None, gamma=None, c=0.05, ratio=lambda g: 1.0 + 0.1
     core = rt.new_core(CoreConfig(max_batch=1, method="draft", gamma=gamma, calibrate=False, probe_every=8),
                       proposer=proposer)
     synthetic_costs(core.policy, c, ratio)
+    core.policy.config.guard = False  # the prediction alone: no realized step times
     return core
 
 
@@ -120,7 +121,8 @@ def test_controller_turns_speculation_off_when_it_never_pays(rt):
 def test_policy_not_asked_on_steps_that_cannot_draft(rt):
     """A step where no row can draft (here each request's last token) is plain and leaves the policy
     alone, so its probes land on steps that can use them: 3-token requests take an asked step then
-    a "room" step; with the policy off, every 8th asked step still probes."""
+    a "room" step; with the policy off, asked steps still probe now and then (every 8th, the interval
+    doubling while speculation stays off)."""
     core = batch1_core(rt, WrongProposer(rt.target))
     reasons, proposed = [], []
     for i in range(40):
@@ -134,7 +136,7 @@ def test_policy_not_asked_on_steps_that_cannot_draft(rt):
         proposed.append(update.stats["proposed"])
     assert all(steps[-1] == "room" and "room" not in steps[:-1] for steps in reasons)
     later = [r[0] for r in reasons[16:]]  # the policy has turned speculation off by now
-    assert later.count("policy") >= 16 and later.count("probe") >= 2
+    assert later.count("policy") >= 16 and later.count("probe") >= 1
     assert sum(p > 0 for p in proposed[16:]) == later.count("probe")
 
 

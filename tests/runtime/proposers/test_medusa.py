@@ -314,6 +314,7 @@ def test_the_policy_turns_the_tree_on_and_off(rt, tree_cost):
     core = rt.new_core(CoreConfig(max_batch=1, method="medusa", calibrate=False, probe_every=4))
     core.policy.record_target(1, 1, 1.0)
     core.policy.record_target(1, 12, tree_cost)
+    core.policy.config.guard = False  # the prediction alone: no realized step times
     core.add(SequenceRequest("r", PROMPT, SamplingParams(max_new_tokens=12)))  # a tree always fits max_len 32
     row = core.rows[0]
     while core.rows:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 import specrt
+from specrt.runtime.batch_policy import REASONS
 from specrt.runtime.core import CoreConfig
 from specrt.runtime.serve.chat import ChatTemplate, TemplateInputError
 from serving import AUTH, KEY, MODEL, SlowEngine, metrics, slow_runtime
@@ -299,7 +300,7 @@ def test_metrics_change_consistently(server, client):
     assert 0 <= after[("specrt_acceptance_rate",)] <= 1 and after[("specrt_tokens_per_target_pass",)] >= 1
     assert after[("specrt_batch_size",)] == 0 and after[("specrt_queue_depth",)] == 0
     assert after[("specrt_speculation_enabled",)] == (after[("specrt_gamma",)] > 0)
-    assert sum(after[("specrt_policy_decision", ("reason", r))] for r in ("policy", "probe", "cap", "fixed", "room")) == 1
+    assert sum(after[("specrt_policy_decision", ("reason", r))] for r in REASONS) == 1
     assert 0 <= after[("specrt_policy_speculation_max_batch",)] <= 4
     assert after[("specrt_tokens_per_second",)] > 0
 
