@@ -2,15 +2,13 @@
 
 An engine dir is cached under ``$SPECRT_CACHE/real-engines/<name>-<key>``, where the key hashes what the
 export depends on: the GGUF file's sha256, the command's arguments, the source of everything the export
-runs (export/, engines/, contract.py, trees.py, the package's __init__.py, tools/cli/export.py) and the
-versions of the libraries it calls. Any change to one of them exports again; a run with the same sources
+runs and the versions of the libraries it calls (``tools.demo_engines.export_fingerprint``). Any change to one of them exports again; a run with the same sources
 reuses the dir (the export is atomic: a dir exists only if every graph passed its checks). A new export
 removes the dirs of the same name under other keys, so the cache holds one engine per name.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -19,9 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the repo root is the package
-EXPORT_SOURCES = ("export", "engines", "contract.py", "trees.py", "__init__.py", "tools/cli/export.py")
-LIBRARIES = ("torch", "transformers", "onnx", "onnxruntime", "onnx_ir", "gguf", "numpy")
+from specrt.tools.demo_engines import export_fingerprint
+
 
 
 @dataclass
@@ -39,17 +36,8 @@ def cache_root() -> Path:
 
 
 def export_key(gguf_sha256: str, args: list[str]) -> str:
-    h = hashlib.sha256(json.dumps([gguf_sha256, args]).encode())
-    for entry in EXPORT_SOURCES:
-        path = ROOT / entry
-        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
-    for lib in LIBRARIES:
-        try:
-            h.update(f"{lib}=={importlib.metadata.version(lib)}".encode())
-        except importlib.metadata.PackageNotFoundError:
-            h.update(f"{lib} missing".encode())
-    return h.hexdigest()[:16]
+    """The GGUF file, the export's arguments and everything else the export depends on (export_fingerprint)."""
+    return hashlib.sha256(json.dumps([gguf_sha256, args, export_fingerprint()]).encode()).hexdigest()[:16]
 
 
 def cached_export(name: str, gguf: Path, gguf_sha256: str, args: list[str]) -> Export:
