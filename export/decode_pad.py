@@ -40,9 +40,6 @@ import numpy as np
 
 from .errors import ExportError
 
-# the padded graph against the fused graph, a verify pass after the same prompt: gross-error bounds (its
-# attention rows take the other GQA path, as the twin's do: fp32 last bits, quantized graphs' int8 rounding)
-BOUNDS = {"rel": 1e-3, "kl_mean": 0.05}  # rel: fp32 graphs; kl_mean: quantized graphs
 PROMPT = (3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7)  # check_decode's prompt and tokens (ids modulo the vocabulary)
 TOKENS = (2, 7, 1, 8, 2)
 
@@ -118,12 +115,13 @@ def check_decode(fused_path: Path, decode_path: Path, quantized: bool) -> dict:
     """After a short prompt, 5 decode steps and the verify pass of the same 5 tokens through the padded graph,
     and that verify pass through the fused graph. Returns {"steps_vs_verify" (max |Δlogit| between the padded
     graph's decode steps and its verify pass: 0 where the MatMul kernels are row-independent, as measured on
-    x86 with AVX-512), "rel", "kl_mean" (the padded graph's verify pass against the fused graph's)}.
-    ExportError beyond ``BOUNDS`` (``rel`` for fp32 graphs, ``kl_mean`` for quantized ones): a wrong rewrite,
-    not last-bit noise."""
+    x86 with AVX-512), "rel", "kl_mean" (the padded graph's verify pass against the fused graph's:
+    ``parity.logit_metrics``)}. ExportError beyond the batched twin's ``BOUNDS`` (``rel`` for fp32 graphs,
+    ``kl_mean`` for quantized ones): a wrong rewrite, not last-bit noise."""
     from ..engines.ort import OrtEngine
-    from .batched_graph import _kl
+    from .batched_graph import check_bounds
     from .fused_call import FusedCall
+    from .parity import logit_metrics
 
     padded = FusedCall(OrtEngine(decode_path), len(PROMPT) + len(TOKENS) + 1)  # + 1: the padding row's entry
     vocab = padded.widths["logits"]
@@ -135,10 +133,8 @@ def check_decode(fused_path: Path, decode_path: Path, quantized: bool) -> dict:
     fused = FusedCall(OrtEngine(fused_path), p + len(tokens))
     fused.run(prompt, 0)
     ref = fused.run(tokens, p)["logits"][0]
-    rel = float(np.abs(verify - ref).max() / max(float((ref.max(-1) - ref.min(-1)).min()), 1e-30))
-    kl_mean = float(_kl(ref.astype(np.float64), verify.astype(np.float64)).mean())
-    report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "rel": rel, "kl_mean": kl_mean}
-    if (kl_mean if quantized else rel) > BOUNDS["kl_mean" if quantized else "rel"]:
-        raise ExportError(f"{decode_path.name}: its verify pass differs from {fused_path.name}'s ({report}); "
-                          "the padding rewrite is wrong for this graph")
+    logit = logit_metrics(verify, ref)
+    report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "rel": logit["rel"], "kl_mean": logit["kl_mean"]}
+    check_bounds(report, quantized, f"{decode_path.name}: its verify pass differs from {fused_path.name}'s",
+                 "the padding rewrite is wrong for this graph")
     return report
