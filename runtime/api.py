@@ -249,7 +249,8 @@ class Runtime:
         return SpeculationPolicy(PolicyConfig(
             gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=method == "draft" or tree is not None, tree=tree), target_curve, draft_curve)
+            draft_cost=method == "draft" or tree is not None, tree=tree, probe=not getattr(proposer, "shadow", False)),
+            target_curve, draft_curve)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:

@@ -221,6 +221,7 @@ class PolicyConfig:
     draft_cost: bool = True  # whether proposals cost draft passes (False for n-gram lookup)
     tree: tuple[int, int] | None = None  # (nodes, depth) of a tree method: γ is 0 (plain) or 1 (verify the tree)
     guard: bool = True  # check the prediction against realized whole-step tokens/s (False: the prediction alone)
+    probe: bool = True  # probe steps while off (False: α is measured without them, the proposer's ``shadow``)
 
 
 class SpeculationPolicy:
@@ -273,7 +274,7 @@ class SpeculationPolicy:
             return self.last
         d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
                          cfg.speculation_max_batch, cfg.tree)
-        if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0:
+        if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:
             self._idle_steps += 1
             if self._idle_steps >= self._probe_interval:
                 self._idle_steps = 0

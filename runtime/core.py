@@ -281,6 +281,7 @@ class DecodeCore:
         rows = list(self.rows)
         decisions, gammas, ks = self._plan(rows)
         proposals, work = self._propose(rows, ks)  # work: method -> [rows it proposed for, seconds]
+        shadows = self._shadows(rows, decisions, proposals)  # per row: its idle lookup proposer's guess, or None
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         verified = [self._verify(row, p, out.logits[b, : p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
         keeps, news, logprobs = (list(column) for column in zip(*verified))  # per row: kept positions, tokens, logprobs
@@ -289,6 +290,7 @@ class DecodeCore:
         self.target.commit(out, keeps)
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
         self._observe(rows, updates, news, keeps, out, work)
+        self._score_shadows(rows, shadows, news)
         for row, update in zip(rows, updates):
             if update.finish_reason:
                 self._free(row)
@@ -346,6 +348,34 @@ class DecodeCore:
                 for b, p in zip(group, got):
                     proposals[b] = constrained.with_forced(constrained.prune(p, rows[b].matcher), forced[b])
         return [EMPTY if p is None else p for p in proposals], work
+
+    def _shadows(self, rows: list[Row], decisions: dict, proposals: list[Proposal]) -> list[int | None]:
+        """Per row the one token its proposer would propose, for the rows of a ``shadow`` proposer (a lookup of no
+        model cost) whose policy chose a plain step (not a fixed γ, theirs or the config's) and that propose
+        nothing this step; None for the others and where the lookup (or the row's grammar) leaves nothing."""
+        out = [None] * len(rows)
+        for method, proposer in self.proposers.items():
+            decision = decisions.get(method)  # None: no row of this method
+            if decision is None or decision.reason == "fixed" or not getattr(proposer, "shadow", False):
+                continue
+            group = [b for b, row in enumerate(rows) if row.method == method and row.request.gamma is None
+                     and not len(proposals[b].tokens) and self._room(row, 1)]
+            guesses = proposer.propose([rows[b] for b in group], [1] * len(group)) if group else []
+            for b, p in zip(group, guesses):
+                p = constrained.prune(p, rows[b].matcher)
+                out[b] = int(p.tokens[0]) if len(p.tokens) else None
+        return out
+
+    def _score_shadows(self, rows: list[Row], shadows: list[int | None], news: list) -> None:
+        """A shadow token x counts as one proposed token, accepted iff the step emitted x: the chance of that is
+        p(x), the target's (processed) probability of x, which is what verifying the point-mass proposal x would
+        accept with (greedy: x is the argmax). So the α estimates the policy reads stay unbiased while
+        speculation is off, without probe steps."""
+        for row, x, new in zip(rows, shadows, news):
+            if x is not None:
+                n = int(new[0] == x)
+                row.alpha.update(1, n)
+                self.served.update(1, n)
 
     def _forced(self, row: Row) -> Proposal | None:
         """The grammar's forced tokens as a chain of at most γmax, the row's budget - 1 and its cache room; None

@@ -90,6 +90,9 @@ class Proposer(Protocol):
     passes_name: str  # the stats key of ``passes`` ("draft_passes", "heads_passes", "head_passes")
     step_seconds: float | None  # chains: measured seconds per proposed token (None: not measured yet)
     tree_name: str | None  # trees: the tree's name in the stats
+    shadow: bool  # chains of no model cost (n-gram, suffix): while a row's γ is 0 the core still asks for one
+    # token each step and scores it against the token the step emits (``DecodeCore._score_shadows``): α stays
+    # measured without probe steps
 
     def start(self, row, hidden: np.ndarray | None) -> None: ...
 
@@ -114,6 +117,7 @@ class NoProposer:
     passes_name = "proposer_passes"
     step_seconds = 0.0
     tree_name = None
+    shadow = False
 
     def start(self, row, hidden) -> None:
         pass

@@ -29,6 +29,7 @@ class DraftProposer:
 
     name = "draft"
     tree, depth, feature, tree_name, passes_name = False, 0, None, None, "draft_passes"
+    shadow = False  # its proposals cost draft passes: probe steps measure α
 
     def __init__(self, runner, max_gamma: int):
         self.runner = runner  # the draft graph's runner: its cache, slot for slot with the target's

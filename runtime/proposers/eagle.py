@@ -147,6 +147,7 @@ class EagleProposer:
     tree, step_seconds = True, None
     tree_name = "eagle-dynamic"
     passes_name = "head_passes"  # the stats key of ``passes``
+    shadow = False
     cache_lag = 1  # head row t needs token t + 1: its cache covers one token more than it has rows
 
     def __init__(self, head: HeadRunner, topk: int, depth: int, nodes: int, fc=None):

@@ -34,6 +34,7 @@ class MedusaProposer:
     name = "medusa"
     tree, feature, runner, step_seconds = True, "hidden", None, None
     passes_name = "heads_passes"  # the stats key of ``passes``
+    shadow = False
 
     def __init__(self, engine, spec: MedusaSpec, tree: Tree):
         check_tree_fits(tree, spec)

@@ -74,6 +74,7 @@ class NGramProposer:
     depth = 0
     tree, feature, runner, tree_name = False, None, None, None
     passes, passes_name, step_seconds = 0, "proposer_passes", 0.0
+    shadow = True  # a lookup: scored while speculation is off (runtime/proposers/__init__.py)
 
     def __init__(self, max_n: int = 4, min_n: int = 1, max_gamma: int = 0):
         self.max_n, self.min_n = max_n, min_n

@@ -125,6 +125,7 @@ class SuffixProposer:
     depth = 0
     tree, feature, runner, tree_name = False, None, None, None
     passes, passes_name = 0, "proposer_passes"
+    shadow = True  # a lookup: scored while speculation is off (runtime/proposers/__init__.py)
 
     def __init__(self, max_gamma: int, context_depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
                  cache_tokens: int = 1 << 16):
