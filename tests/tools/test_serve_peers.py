@@ -26,7 +26,7 @@ def test_missing_llama_server_is_listed_with_how_to_build_it(tmp_path, monkeypat
     peers.main(["--serve", "--plan", "--llama-server", str(tmp_path / "llama-server")])  # via `specrt bench peers`
     out = capsys.readouterr().out
     assert f"missing: llama.cpp: llama-server not found at {tmp_path / 'llama-server'}" in out
-    for step in ("pip download --no-binary :all: --no-deps llama-cpp-python", "-DGGML_NATIVE=OFF -DGGML_AVX2=ON",
+    for step in ("pip download --no-binary :all: --no-deps llama-cpp-python", "-DGGML_NATIVE=OFF",
                  "--target llama-server llama-quantize"):
         assert step in out
     assert "would run: specrt int4 none, specrt int4 ngram, specrt int4 suffix" in out  # specrt still runs
@@ -68,3 +68,13 @@ def test_report_best_vs_best_and_goals():
                      "runs": [{k: v for k, v in r.items() if k != "texts"} for r in records]})
     assert "| int4 | chat | 1 | 1 | 100 | 180 (ngram) | 90 | 110 (ngram-mod) | 1.11x | 1.64x |" in text
     assert "**NOT MET** [int4] specrt plain" in text and "missing: llama.cpp int8: why" in text
+
+
+def test_the_llama_cpp_recipe_builds_the_cpu_s_extensions_but_amx():
+    from specrt.tools.bench.llama_server import cpu_cmake_options
+
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_int8 amx_tile\n"
+    options = cpu_cmake_options(cpuinfo)
+    assert options[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512_VNNI=ON" in options and "-DGGML_AVX2=ON" in options
+    assert not any("AMX" in o or "VBMI" in o for o in options)
+    assert cpu_cmake_options("") == ["-DGGML_NATIVE=OFF"]

@@ -24,14 +24,33 @@ SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")  # llama-server --spec-type v
 DRAFT_TYPE = "draft-simple"  # with --draft-gguf
 
 
+# /proc/cpuinfo flag -> the ggml CMake option that compiles its kernels (AMX left out: llama-server built with
+# GGML_NATIVE=ON, which enables AMX, died with SIGSEGV loading a Q4_0 model on this project's VMs)
+X86_OPTIONS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
+               "avx512f": "GGML_AVX512", "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+               "avx512_bf16": "GGML_AVX512_BF16", "avx_vnni": "GGML_AVX_VNNI"}
+
+
+def cpu_cmake_options(cpuinfo: str | None = None) -> list[str]:
+    """The ggml options for every x86 extension this CPU reports (``cpuinfo``: /proc/cpuinfo's text), so the
+    peer runs its fastest kernels that run here, e.g. ``-DGGML_AVX512_VNNI=ON`` on an AVX-512 VNNI CPU."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    line = next((x for x in cpuinfo.splitlines() if x.startswith("flags")), "")
+    flags = set(line.partition(":")[2].split())
+    return ["-DGGML_NATIVE=OFF"] + [f"-D{option}=ON" for flag, option in X86_OPTIONS.items() if flag in flags]
+
+
 def build_recipe() -> str:
     """How to build llama-server and llama-quantize from llama.cpp's sources (the llama-cpp-python sdist)."""
     root = cache_dir() / "llama.cpp"
-    return (f"build them (~7 min on 2 cores; needs cmake and a C++ compiler):\n"
+    return (f"build them (~10 min on 2 cores; needs cmake and a C++ compiler):\n"
             f"  mkdir -p {root} && cd {root} && pip download --no-binary :all: --no-deps llama-cpp-python\n"
             f"  tar xzf llama_cpp_python-*.tar.gz && S=$(ls -d llama_cpp_python-*/vendor/llama.cpp | tail -1)\n"
-            f"  cmake -S $S -B $S/build -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-            f"-DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF\n"
+            f"  cmake -S $S -B $S/build {' '.join(cpu_cmake_options())} -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF\n"
             f"  cmake --build $S/build -j 2 --target llama-server llama-quantize\n"
             f"or pass --llama-server PATH / put llama-server on $PATH")
 
@@ -60,6 +79,18 @@ def version(binary: Path) -> str:
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("version")]
     return lines[0] if lines else "unknown"
+
+
+def build_options(binary: Path) -> list[str]:
+    """The x86 GGML_* options a CMake build of ``binary`` was configured with (its build dir's CMakeCache.txt),
+    e.g. ["GGML_AVX2=ON", "GGML_AVX512=ON", "GGML_NATIVE=OFF"]; [] when that file is not found."""
+    x86 = {*X86_OPTIONS.values(), "GGML_NATIVE", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"}
+    for cache in (binary.parent.parent / "CMakeCache.txt", binary.parent / "CMakeCache.txt"):
+        if cache.is_file():
+            entries = (line.split(":", 1) for line in cache.read_text().splitlines() if line.startswith("GGML_"))
+            return sorted(f"{name}={value.split('=', 1)[1]}" for name, value in entries
+                          if name in x86 and value.startswith("BOOL=") and (value.endswith("=ON") or name == "GGML_NATIVE"))
+    return []
 
 
 def requantize(quantize_bin: Path, gguf: Path, llama_type: str, sha256: str) -> Path:

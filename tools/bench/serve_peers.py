@@ -379,7 +379,8 @@ def meta(a, argv) -> dict:
     return {"command": "specrt bench peers --serve " + " ".join(argv if argv is not None else sys.argv[1:]),
             "time": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "load_average_after": os.getloadavg(), "onnxruntime": onnxruntime.__version__,
-            "llama_server": ls.version(a.llama_server) if a.llama_server else None, "threads": a.threads,
+            "llama_server": ls.version(a.llama_server) if a.llama_server else None,
+            "llama_build": ls.build_options(a.llama_server) if a.llama_server else None, "threads": a.threads,
             "clients": a.clients, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": a.max_tokens,
             "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args}
 
