@@ -110,16 +110,23 @@ NO_ROOM = PolicyDecision(0, 1.0, "room")
 REASONS = ("policy", "probe", "cap", "fixed", "room", "guard")  # every PolicyDecision.reason (/metrics labels)
 
 
+def batch_bucket(batch: int) -> int:
+    """The evidence bucket of a batch size: 1, 2, 3-4, 5-8, 9-16, ... -> 0, 1, 2, 3, 4, ..."""
+    return (batch - 1).bit_length()
+
+
 class RealizedRates:
     """Measured tokens per second of whole steps (host + engine), per batch size, plain vs speculative.
 
-    Per (batch, speculative) decayed sums over steps of tokens, positions, host seconds and engine
-    seconds. A rate puts what does not move with the machine's load (tokens per step, positions
-    per step, host time as a fraction of engine time) over the latency curve's current engine cost:
+    Per (bucket of batch sizes, speculative) decayed sums over steps of tokens and positions per row, host
+    seconds and engine seconds. A rate at batch B puts what does not move with the machine's load (tokens
+    and positions per row, host time as a fraction of engine time) over the latency curve's current cost:
 
-        rate = tokens per step / (T(positions per step) · (1 + host / engine))
+        rate(B) = B · tokens per row / (T(B · positions per row) · (1 + host / engine))
 
-    so two arms measured minutes apart, under different load, still compare. Known once
+    so two arms measured minutes apart, under different load, still compare, and evidence carries over
+    between nearby batch sizes (buckets 1, 2, 3-4, 5-8, 9-16, ...: a server's batch shrinks one by one as its
+    requests finish, and each size measured afresh would cost every size its own losing steps). Known once
     ``min_steps`` steps were recorded; one step's host seconds count at most ``spike`` times the
     arm's mean (a preempted step does not swing the guard).
 
@@ -133,32 +140,36 @@ class RealizedRates:
 
     def __init__(self, decay: float = 0.8, spike: float = 3.0, min_steps: int = 3):
         self.decay, self.spike, self.min_steps = decay, spike, min_steps
-        self.arms: dict[tuple[int, bool], list] = {}  # (batch, speculative) -> [tokens, positions, host, engine,
-        # weight] decayed, and the number of steps recorded
+        self.arms: dict[tuple[int, bool], list] = {}  # (batch_bucket, speculative) -> [tokens per row, positions
+        # per row, host, engine, weight] decayed, and the number of steps recorded
 
     def record(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
                positions: int) -> None:
         """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls over
         ``positions`` = B·Q positions."""
-        arm = self.arms.setdefault((batch, speculative), [0.0, 0.0, 0.0, 0.0, 0.0, 0])
+        arm = self.arms.setdefault((batch_bucket(batch), speculative), [0.0, 0.0, 0.0, 0.0, 0.0, 0])
         host = max(0.0, seconds - engine)
         if arm[5]:
             host = min(host, self.spike * arm[2] / arm[4])
         d = self.decay
-        for i, x in enumerate((tokens, positions, host, engine, 1.0)):
+        for i, x in enumerate((tokens / batch, positions / batch, host, engine, 1.0)):
             arm[i] = d * arm[i] + x
         arm[5] += 1
 
     def rate(self, batch: int, speculative: bool, target_seconds: Callable[[int], float]) -> float | None:
         """Tokens/s of the arm at this batch size at the engine cost ``target_seconds`` (n -> seconds of one
         pass) says now; None before ``min_steps`` steps."""
-        arm = self.arms.get((batch, speculative))
+        arm = self.arms.get((batch_bucket(batch), speculative))
         if arm is None or arm[5] < self.min_steps:
             return None
         tokens, positions, host, engine, weight, _ = arm
-        t = target_seconds(max(1, round(positions / weight)))
+        t = target_seconds(max(1, round(batch * positions / weight)))
         cost = t * (1 + host / engine) if engine > 0 else t + host / weight
-        return tokens / weight / max(cost, 1e-12)
+        return batch * tokens / weight / max(cost, 1e-12)
+
+    def forget(self, batch: int, speculative: bool) -> None:
+        """Drop an arm's evidence at ``batch``'s bucket (it is measured afresh)."""
+        self.arms.pop((batch_bucket(batch), speculative), None)
 
 
 def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],
@@ -240,7 +251,7 @@ class SpeculationPolicy:
         self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
         self.realized = RealizedRates()  # whole-step tokens/s per batch size, plain vs speculative: the guard's
-        self._guard_steps: dict[int, tuple] = {}  # batch -> (guarded steps on one arm since the other was
+        self._guard_steps: dict[int, tuple] = {}  # batch_bucket -> (guarded steps on one arm since the other was
         # re-measured, steps between re-measurements: probe_every, doubling up to 4x while speculation keeps losing)
 
     def record_target(self, batch: int, q: int, seconds: float) -> None:
@@ -290,7 +301,8 @@ class SpeculationPolicy:
         return d
 
     def _guard(self, batch: int, d: PolicyDecision) -> PolicyDecision:
-        """The predicted speculative step ``d`` checked against measured whole steps at this batch size: plain
+        """The predicted speculative step ``d`` checked against measured whole steps at this batch size (its
+        bucket's evidence, ``RealizedRates``): plain
         ("guard") where speculative steps realized fewer tokens/s than plain ones, or to measure plain steps at
         all, unless they beat even B / T(B), a plain step's engine call alone (then no plain step is spent).
         Every ``probe_every`` guarded steps on one arm the other arm is forgotten and measured afresh
@@ -304,15 +316,16 @@ class SpeculationPolicy:
             return d
         if plain is None:  # then plain steps, to compare
             return PolicyDecision(0, 1.0, "guard")
-        count, interval = self._guard_steps.get(batch, (0, self.config.probe_every))
+        key = batch_bucket(batch)
+        count, interval = self._guard_steps.get(key, (0, self.config.probe_every))
         wins = spec >= plain
         if wins:
             interval = self.config.probe_every
         if count + 1 > interval:  # re-measure the arm not run lately; speculation that keeps losing: less often
-            self._guard_steps[batch] = (0, interval if wins else min(2 * interval, 4 * self.config.probe_every))
-            self.realized.arms.pop((batch, not wins), None)
+            self._guard_steps[key] = (0, interval if wins else min(2 * interval, 4 * self.config.probe_every))
+            self.realized.forget(batch, not wins)
             return PolicyDecision(0, 1.0, "guard") if wins else d
-        self._guard_steps[batch] = (count + 1, interval)
+        self._guard_steps[key] = (count + 1, interval)
         return d if wins else PolicyDecision(0, spec / plain, "guard")
 
     def max_speculative_batch(self, alpha: float, max_batch: int) -> int:

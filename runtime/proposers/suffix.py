@@ -48,12 +48,20 @@ class SuffixIndex:
                         del self.next[ctx]
 
     def longest(self, context: Sequence[int]) -> tuple[int, dict | None]:
-        """(n, counts) for the longest suffix of ``context`` with counts; (0, None) if none."""
-        for n in range(min(self.depth, len(context)), 0, -1):
-            counts = self.next.get(tuple(context[-n:]))
+        """(n, counts) for the longest suffix of ``context`` with counts; (0, None) if none.
+
+        A binary search over n: every occurrence of an n-token context also counts its last n - 1 tokens
+        (``add`` counts contexts 1..depth at each position, and uncounts them together), so the suffixes with
+        counts are exactly those up to the longest one: ~log2(depth) lookups instead of up to depth."""
+        lo, hi, found = 0, min(self.depth, len(context)), None  # the suffix of lo tokens has counts (lo 0: none)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            counts = self.next.get(tuple(context[-mid:]))
             if counts:
-                return n, counts
-        return 0, None
+                lo, found = mid, counts
+            else:
+                hi = mid - 1
+        return (lo, found) if lo else (0, None)
 
 
 class SuffixCache:

@@ -2,7 +2,7 @@
 tokens/s, on synthetic step timings (no clock is read)."""
 import pytest
 
-from specrt.runtime.batch_policy import PolicyConfig, RealizedRates, SpeculationPolicy
+from specrt.runtime.batch_policy import PolicyConfig, RealizedRates, SpeculationPolicy, batch_bucket
 from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
 
@@ -86,6 +86,19 @@ def test_evidence_is_per_batch_size():
     assert [policy.decide([0.9] * 8).gamma for _ in range(3)] == [4] * 3  # nothing measured at batch 8: as predicted
 
 
+def test_evidence_carries_over_between_batch_sizes_of_a_bucket():
+    """A server's batch shrinks one row at a time as requests finish: what speculation realized at 12 rows
+    decides at 11 and 9 too (bucket 9-16), rated at the asking size from tokens and positions per row."""
+    policy = free_verification(probe_every=8)
+    run(policy, 7, batch=12, spec_rate=200.0, plain_rate=400.0)  # measured at 12 (3 + 3 steps): it loses
+    assert [policy.decide([0.9] * b).reason for b in (11, 9, 16)] == ["guard"] * 3
+    assert policy.decide([0.9] * 8).gamma == 4  # bucket 5-8: nothing measured, as predicted
+    r = RealizedRates(min_steps=1)
+    r.record(12, False, tokens=12, seconds=0.012, engine=0.012, positions=12)  # 1 token per row, no host time
+    T = lambda n: 0.001 * n  # noqa: E731
+    assert r.rate(9, False, T) == pytest.approx(9 / T(9)) and r.rate(12, False, T) == pytest.approx(12 / T(12))
+
+
 def test_without_the_guard_the_prediction_alone_decides():
     policy = free_verification(guard=False)
     decisions = run(policy, 30, batch=4, spec_rate=200.0, plain_rate=400.0)
@@ -102,7 +115,7 @@ def test_realized_rates_take_the_engine_cost_from_the_curve_and_clip_spikes():
     # the same steps under twice the load (the curve says 0.04): half the rate; arms compare at one load
     assert r.rate(4, True, lambda n: 0.04) == pytest.approx(r.rate(4, True, lambda n: 0.02) / 2)
     r.record(4, True, 8, seconds=10.0, engine=0.02, positions=20)  # a preempted step's host time: at most 2x
-    assert r.arms[4, True][2] == pytest.approx(0.5 * 0.5 * 0.01 + 2 * (0.5 * 0.01) / (0.5 + 1))
+    assert r.arms[batch_bucket(4), True][2] == pytest.approx(0.5 * 0.5 * 0.01 + 2 * (0.5 * 0.01) / (0.5 + 1))
     assert r.rate(4, False, lambda n: 0.02) is None and r.rate(8, True, lambda n: 0.02) is None
 
 
@@ -119,7 +132,7 @@ def test_the_core_feeds_each_step_to_its_policy_and_stays_exact(rt):
     params = [SamplingParams(max_new_tokens=20) for _ in prompts]
     done = run_all(core, requests_for(zip(prompts, params)))
     arms = core.policies["ngram"].realized.arms
-    assert arms and {b for b, _ in arms} <= {1, 2, 3}
+    assert arms and {b for b, _ in arms} <= {batch_bucket(b) for b in (1, 2, 3)}
     assert sum(arm[3] for arm in arms.values()) > 0
     for i, prompt in enumerate(prompts):
         assert done[f"r{i}"][0] == rt.generate(prompt, max_new_tokens=20, method="none").token_ids

@@ -108,13 +108,16 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     const int budget = limit - static_cast<int>(g.tokens.size());
     const int room = budget <= 1 ? 0 : std::min(budget - 1, target_->room() - 1);  // proposals this round may hold
     const int gamma = room <= 0  ? 0  // (the policy is not asked: a probe is never spent on a round that cannot draft)
-                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, proposer->step_seconds())
+                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, proposer->step_seconds(), !proposer->shadow())
                                  : fixed_gamma;
     const int k = std::max(0, std::min(gamma, room));
     Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
     p.tokens.clear();
     p.q.clear();
     if (k) proposer->propose(seq, k, s, rng, p);
+    shadow_.tokens.clear();
+    shadow_.q.clear();
+    if (adaptive && !k && room > 0 && proposer->shadow()) proposer->propose(seq, 1, s, rng, shadow_);  // (draws nothing)
     ids_.assign(1, seq.back());
     ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
     const auto t_pass = std::chrono::steady_clock::now();
@@ -126,6 +129,11 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     const int proposed = static_cast<int>(p.tokens.size());
     alpha.update(proposed, v.accepted);
     served_.update(proposed, v.accepted);
+    if (!shadow_.tokens.empty()) {  // a plain round's guess: one token proposed, accepted iff emitted
+      const int hit = v.next == shadow_.tokens[0];
+      alpha.update(1, hit);
+      served_.update(1, hit);
+    }
     c.rounds += 1;
     c.proposed += proposed;
     c.accepted += v.accepted;

@@ -63,6 +63,7 @@ class Engine {
   std::unique_ptr<Graph> target_, draft_;
   std::vector<double> scratch_p_, scratch_row_;  // sampling buffers, reused across calls
   Proposal proposal_;                            // the round's proposal, reused
+  Proposal shadow_;                              // a plain round's one-token guess of a lookup proposer, reused
   SuffixCache suffix_cache_{24, 1 << 16};        // method suffix: this engine's recent finished sequences (64K tokens)
   std::vector<int64_t> ids_;                     // the round's target input: the last token and the proposal
   // Adaptive γ (a request with gamma -1 on an engine dir whose defaults.gamma is null), kept across requests:

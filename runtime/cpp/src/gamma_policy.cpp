@@ -47,7 +47,7 @@ double expected_tokens(double alpha, int gamma) {
   return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
 }
 
-int GammaPolicy::decide(double alpha, const LatencyCurve &target, double draft_seconds) {
+int GammaPolicy::decide(double alpha, const LatencyCurve &target, double draft_seconds, bool probe) {
   int best = 0;
   double best_rate = 1.0 / std::max(target.seconds(1), 1e-12);
   for (int g = 1; g <= gamma_max_; ++g) {
@@ -58,7 +58,7 @@ int GammaPolicy::decide(double alpha, const LatencyCurve &target, double draft_s
     idle_ = 0;
     return best;
   }
-  if (++idle_ >= probe_every_) {  // off for a while: one round at γ = 1 keeps α measured
+  if (probe && ++idle_ >= probe_every_) {  // off for a while: one round at γ = 1 keeps α measured
     idle_ = 0;
     return 1;
   }

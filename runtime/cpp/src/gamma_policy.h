@@ -5,7 +5,8 @@
 //
 // T(q): measured seconds of one target pass over q positions (LatencyCurve), D: of one draft step (0
 // for model-free proposers), α: the decayed acceptance estimate (AlphaEstimate). While the answer is
-// 0, every probe_every-th round runs γ = 1 anyway, so α stays measured. The choice depends on the
+// 0, every probe_every-th round runs γ = 1 anyway, so α stays measured (not with probe false: the caller
+// measures α otherwise, a lookup proposer's shadow guesses). The choice depends on the
 // past only, so every round stays exact (a different γ changes speed, never the distribution).
 #pragma once
 #include <vector>
@@ -45,7 +46,7 @@ double expected_tokens(double alpha, int gamma);  // E[tokens per verify pass]
 class GammaPolicy {
  public:
   GammaPolicy(int gamma_max, int probe_every) : gamma_max_(gamma_max), probe_every_(probe_every) {}
-  int decide(double alpha, const LatencyCurve &target, double draft_seconds);
+  int decide(double alpha, const LatencyCurve &target, double draft_seconds, bool probe = true);
 
  private:
   int gamma_max_, probe_every_, idle_ = 0;

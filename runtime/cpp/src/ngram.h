@@ -29,6 +29,7 @@ class NGramIndex {
 class NGramProposer : public Proposer {
  public:
   const char *name() const override { return "ngram"; }
+  bool shadow() const override { return true; }
   void propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng, Proposal &out) override;
 
  private:

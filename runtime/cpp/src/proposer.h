@@ -46,6 +46,10 @@ class Proposer {
   virtual double step_seconds() const { return 0; }
   // Draft graph calls made so far (the stat draft_passes).
   virtual int64_t passes() const { return 0; }
+  // A lookup of no model cost (n-gram, suffix): on a round the policy keeps plain, its one-token guess is
+  // scored against the emitted token (hit with probability p(x), what verifying x would accept), so α stays
+  // measured without probe rounds.
+  virtual bool shadow() const { return false; }
 };
 
 // The proposer of `method` (already defaulted), on what the engine lends it for the request:

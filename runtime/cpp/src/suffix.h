@@ -62,6 +62,7 @@ class SuffixProposer : public Proposer {
  public:
   explicit SuffixProposer(SuffixCache &cache) : cache_(cache), local_(cache.index.depth()) {}
   const char *name() const override { return "suffix"; }
+  bool shadow() const override { return true; }
   void propose(const std::vector<int64_t> &seq, int k, const Sampling &s, Rng &rng, Proposal &out) override;
   void finish(const std::vector<int64_t> &seq) override { cache_.add(seq); }
 

@@ -29,6 +29,21 @@ def test_index_counts_continuations_and_uncounts_them():
     assert idx.next == {}
 
 
+def test_the_longest_match_by_binary_search_is_the_longest_by_scan():
+    """Random sequences over a small alphabet, some evicted from a bounded cache: the binary search in
+    ``longest`` finds what scanning every length does."""
+    rng = np.random.default_rng(0)
+    cache = SuffixCache(depth=8, max_tokens=300)
+    for _ in range(12):
+        cache.add(rng.integers(0, 4, int(rng.integers(5, 80))).tolist())  # later ones evict earlier ones
+    index = cache.index
+    for _ in range(300):
+        context = rng.integers(0, 4, int(rng.integers(1, 12))).tolist()
+        scan = next(((n, index.next[tuple(context[-n:])]) for n in range(min(8, len(context)), 0, -1)
+                     if index.next.get(tuple(context[-n:]))), (0, None))
+        assert index.longest(context) == scan
+
+
 def test_the_docstrings_worked_example():
     shared, local = SuffixIndex(3), SuffixIndex(3)
     shared.add([7, 1, 2, 3, 4], 0, 5)
