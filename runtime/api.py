@@ -249,7 +249,7 @@ class Runtime:
         return SpeculationPolicy(PolicyConfig(
             gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=method == "draft" or tree is not None, tree=tree, probe=not getattr(proposer, "shadow", False)),
+            draft_cost=method == "draft" or tree is not None, tree=tree, probe=not proposer.shadow),
             target_curve, draft_curve)
 
     @property

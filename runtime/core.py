@@ -356,7 +356,7 @@ class DecodeCore:
         out = [None] * len(rows)
         for method, proposer in self.proposers.items():
             decision = decisions.get(method)  # None: no row of this method
-            if decision is None or decision.reason == "fixed" or not getattr(proposer, "shadow", False):
+            if decision is None or decision.gamma > 0 or decision.reason == "fixed" or not proposer.shadow:
                 continue
             group = [b for b, row in enumerate(rows) if row.method == method and row.request.gamma is None
                      and not len(proposals[b].tokens) and self._room(row, 1)]

@@ -78,3 +78,13 @@ def test_the_llama_cpp_recipe_builds_the_cpu_s_extensions_but_amx():
     assert options[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512_VNNI=ON" in options and "-DGGML_AVX2=ON" in options
     assert not any("AMX" in o or "VBMI" in o for o in options)
     assert cpu_cmake_options("") == ["-DGGML_NATIVE=OFF"]
+
+
+def test_a_run_records_the_llama_cpp_build_s_x86_options(tmp_path):
+    from specrt.tools.bench.llama_server import build_options
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "CMakeCache.txt").write_text("GGML_NATIVE:BOOL=OFF\nGGML_AVX2:BOOL=ON\nGGML_AVX512:BOOL=OFF\n"
+                                             "GGML_CUDA:BOOL=ON\nGGML_AVX512_VNNI:BOOL=ON\nCMAKE_BUILD_TYPE:STRING=Release\n")
+    assert build_options(tmp_path / "bin" / "llama-server") == ["GGML_AVX2=ON", "GGML_AVX512_VNNI=ON", "GGML_NATIVE=OFF"]
+    assert build_options(tmp_path / "a" / "b" / "llama-server") == []  # no CMakeCache.txt beside it or above

@@ -88,8 +88,9 @@ def build_options(binary: Path) -> list[str]:
     for cache in (binary.parent.parent / "CMakeCache.txt", binary.parent / "CMakeCache.txt"):
         if cache.is_file():
             entries = (line.split(":", 1) for line in cache.read_text().splitlines() if line.startswith("GGML_"))
-            return sorted(f"{name}={value.split('=', 1)[1]}" for name, value in entries
-                          if name in x86 and value.startswith("BOOL=") and (value.endswith("=ON") or name == "GGML_NATIVE"))
+            options = {name: value.removeprefix("BOOL=") for name, value in entries
+                       if name in x86 and value.startswith("BOOL=")}  # GGML_AVX2:BOOL=ON -> {"GGML_AVX2": "ON"}
+            return sorted(f"{name}={value}" for name, value in options.items() if value == "ON" or name == "GGML_NATIVE")
     return []
 
 

@@ -108,7 +108,8 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     const int budget = limit - static_cast<int>(g.tokens.size());
     const int room = budget <= 1 ? 0 : std::min(budget - 1, target_->room() - 1);  // proposals this round may hold
     const int gamma = room <= 0  ? 0  // (the policy is not asked: a probe is never spent on a round that cannot draft)
-                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, proposer->step_seconds(), !proposer->shadow())
+                      : adaptive ? policy_.decide(alpha.alpha(), target_curve_, proposer->step_seconds(),
+                                                  !proposer->shadow())  // (lookups: scored by shadow guesses)
                                  : fixed_gamma;
     const int k = std::max(0, std::min(gamma, room));
     Proposal &p = proposal_;  // reused: its buffers keep their capacity across rounds
@@ -117,7 +118,8 @@ Generation Engine::generate(const GenerateRequest &req, const TokenCallback &on_
     if (k) proposer->propose(seq, k, s, rng, p);
     shadow_.tokens.clear();
     shadow_.q.clear();
-    if (adaptive && !k && room > 0 && proposer->shadow()) proposer->propose(seq, 1, s, rng, shadow_);  // (draws nothing)
+    if (adaptive && !k && room > 0 && proposer->shadow())  // a plain round by the policy's choice
+      proposer->propose(seq, 1, s, rng, shadow_);          // (a lookup draws nothing from rng)
     ids_.assign(1, seq.back());
     ids_.insert(ids_.end(), p.tokens.begin(), p.tokens.end());
     const auto t_pass = std::chrono::steady_clock::now();
