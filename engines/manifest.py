@@ -54,6 +54,8 @@ class GraphSpec:
     # engine-dir relative; None: such calls run row by row
     decode_file: str | None = None  # in_place target graphs: the padded graph of single-row calls (decode steps
     # computed as verify passes are; export/decode_pad.py), engine-dir relative; None: they run the fused graph
+    prefill_file: str | None = None  # in_place target graphs with MatMulNBits: the padded graph on the integer kernel
+    # that prompts run through (export/prefill_graph.py), engine-dir relative; None: prompts run as decode steps do
     latency: dict | None = None  # export-time T(Q): {"q": [...], "seconds": [...], "ratio": [...], "past", ...}
     # (export/latency.py); None: not measured (traced graphs, older engine dirs)
 
@@ -132,14 +134,15 @@ def _graph(root: Path, role: str, m: dict) -> GraphSpec:
                      kv_layout=m.get("kv_layout", "time_major"), quantize=m.get("quantize"),
                      sliding_window=m.get("sliding_window"), windows=_windows(m, geo.num_layers, where),
                      aux_hidden_layers=_aux_layers(m, geo.num_layers, where), batched_file=m.get("batched_file"),
-                     decode_file=m.get("decode_file"), latency=_latency(m, where))
-    for name in (spec.file, spec.batched_file, spec.decode_file):
+                     decode_file=m.get("decode_file"), prefill_file=m.get("prefill_file"), latency=_latency(m, where))
+    for name in (spec.file, spec.batched_file, spec.decode_file, spec.prefill_file):
         if name is not None and not (root / name).is_file():
             raise EngineError(f"engine dir {root}: {role} graph file {name!r} is missing")
     if spec.batched_file is not None and spec.kv_layout != "in_place":
         raise EngineError(f"manifest.json: {where}batched_file is for kv_layout in_place graphs only")
-    if spec.decode_file is not None and spec.kv_layout != "in_place":
-        raise EngineError(f"manifest.json: {where}decode_file is for kv_layout in_place graphs only")
+    for key in ("decode_file", "prefill_file"):
+        if getattr(spec, key) is not None and spec.kv_layout != "in_place":
+            raise EngineError(f"manifest.json: {where}{key} is for kv_layout in_place graphs only")
     if spec.dtype not in ("fp32", "fp16"):
         raise EngineError(f"manifest.json: {where}dtype must be fp32 or fp16, got {spec.dtype!r}")
     if spec.kv_layout not in KV_LAYOUTS:

@@ -31,9 +31,10 @@ class FusedCall:
                 self.binding.cache(meta.name, meta.name.replace("past_", "present_"), buf)
         self.widths = {o.name: o.shape[-1] for o in engine.session.get_outputs() if not o.name.startswith("present_")}
 
-    def run(self, ids, past: int, outputs=("logits",)) -> dict:
+    def run(self, ids, past: int, outputs=("logits",), logit_rows: int | None = None) -> dict:
         """``ids`` [Q] after ``past`` cached entries (stale or not: timing does not care), causal;
-        returns the named outputs [1, Q, width] (views the next call overwrites)."""
+        returns the named outputs [1, Q, width] (views the next call overwrites); ``logit_rows``: the
+        positions the graph's logits hold, if not Q (a prefill graph's: 1)."""
         ids = np.asarray(ids, np.int64)[None]
         q = ids.shape[1]
         if past + q > self.max_len:
@@ -43,7 +44,8 @@ class FusedCall:
         self.binding.inputs(input_ids=ids, position_ids=np.arange(past, total, dtype=np.int64)[None],
                             attention_mask=mask[None, None], seqlens_k=np.array([total - 1], np.int32),
                             total_sequence_length=np.array(total, np.int32))
-        out = {name: self.binding.output(name, (1, q, self.widths[name])) for name in outputs}
+        rows = {"logits": logit_rows or q}
+        out = {name: self.binding.output(name, (1, rows.get(name, q), self.widths[name])) for name in outputs}
         self.binding.run()
         return out
 

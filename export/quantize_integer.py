@@ -51,8 +51,12 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Rewrite:
     """The nodes of the rewritten graph, and the per-row quantization of each activation done so far."""
 
-    def __init__(self):
+    def __init__(self, outputs: set):
         self.nodes, self.quantized, self.zero_point = [], {}, None
+        i = 0
+        while f"iq{i or ''}/zero_point" in outputs:  # an earlier rewrite's (the int4 lm_head's): names of our own
+            i += 1
+        self.tag = f"iq{i or ''}"
 
     def op(self, kind: str, inputs: list, out: str, **attrs) -> str:
         from onnx import helper
@@ -68,8 +72,8 @@ class _Rewrite:
             amax = self.op("ReduceMax", [self.op("Abs", [x], f"{x}/iq.abs"), "iq/last_axis"], f"{x}/iq.amax", keepdims=1)
             s = self.op("Mul", [self.op("Max", [amax, "iq/tiny"], f"{x}/iq.amax1"), "iq/inv127"], f"{x}/iq.scale")
             if self.zero_point is None:  # [B, Q, 1] of 128: every activation of a call has this shape
-                shape = self.op("Shape", [s], "iq/scale_shape")
-                self.zero_point = self.op("ConstantOfShape", [shape], "iq/zero_point",
+                shape = self.op("Shape", [s], f"{self.tag}/scale_shape")
+                self.zero_point = self.op("ConstantOfShape", [shape], f"{self.tag}/zero_point",
                                           value=numpy_helper.from_array(np.array([ZERO_POINT], np.uint8)))
             xq = self.op("QuantizeLinear", [x, s, self.zero_point], f"{x}/iq.u8", axis=-1, block_size=k)
             self.quantized[x] = (xq, s)
@@ -89,7 +93,7 @@ def integer_matmuls(proto, include) -> int:
     consts = {"iq/inv127": np.float32(1 / 127), "iq/tiny": np.float32(1e-30), "iq/one": np.float32(1),
               "iq/zp": np.uint8(ZERO_POINT), "iq/last_axis": np.array([-1], np.int64)}
     g.initializer.extend(numpy_helper.from_array(np.array(v), k) for k, v in consts.items() if k not in inits)
-    rw, count = _Rewrite(), 0
+    rw, count = _Rewrite({o for n in g.node for o in n.output}), 0
     for node in list(g.node):
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or not include(node):

@@ -30,6 +30,10 @@ verify pass's row bit for bit (in int8/int4/w8a8 graphs the Q = 1 path's last bi
 steps: greedy speculation departed from plain greedy). The padding row writes its K/V one entry past the
 call's, hence the cache's spare entry per slot (``max_len`` stays the usable length). Several-row calls of
 Q = 1 keep the fused graph (GroupQueryAttention refuses Q > 1 after a past at batch > 1).
+
+Prompt chunks run through the prefill graph where the engine dir has one (``prefill_file``,
+export/prefill_graph.py: the padded graph with its MatMulNBits layers on the integer kernel, ~3x faster
+per prompt token); the prompt's entries then come from that graph, the generated tokens' from the others.
 """
 from __future__ import annotations
 
@@ -73,13 +77,15 @@ class InPlaceRunner(Runner):
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
                  hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
-                 aux_size: int | None = None, batched: "Sibling | None" = None, decode: "Sibling | None" = None):
+                 aux_size: int | None = None, batched: "Sibling | None" = None, decode: "Sibling | None" = None,
+                 prefill: "Sibling | None" = None):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
         self.engine = engine
         self.batched = batched  # the batched twin: calls of R > 1 rows with Q > 1 (None: row by row)
         self.single = decode or engine  # single-row calls: the padded graph (None: the fused graph)
+        self.prefill_graph = prefill  # prompt chunks: the padded graph on the integer kernel (None: ``single``)
         self.dtype = np.float32
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
@@ -90,6 +96,7 @@ class InPlaceRunner(Runner):
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
         self.bindings: dict[tuple[int, int, bool], Binding] = {}  # (first slot, rows, twin?) -> those cache rows bound
         # (one row: through ``single``)
+        self.prefill_bindings: dict[int, Binding] = {}  # slot -> the prefill graph with that slot's cache bound
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
         self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
         self.on_call = on_call
@@ -102,7 +109,8 @@ class InPlaceRunner(Runner):
         aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
-                   aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec))
+                   aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec),
+                   open_prefill(engine, spec))
 
     def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
         """The binding of the fused graph (``twin``: of the batched twin; one row: of ``single``) whose cache
@@ -142,6 +150,27 @@ class InPlaceRunner(Runner):
 
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
+
+    def prefill_pass(self, slot: int, ids: list) -> Pass:
+        """A prompt chunk ``ids`` [Q] through the prefill graph where the engine dir has one
+        (export/prefill_graph.py): logits [1, 1, V] of the chunk's last position (the graph computes no
+        other), the features of every position."""
+        if self.prefill_graph is None:
+            return super().prefill_pass(slot, ids)
+        n, q = int(self.lengths[slot]), len(ids)
+        if n + q > self.max_len:
+            raise CacheFullError(f"KV cache full: {n} + {q} tokens > max_len {self.max_len}")
+        if slot not in self.prefill_bindings:
+            self.prefill_bindings[slot] = self._cache_binding(slot, 1, self.prefill_graph)
+        b = self.prefill_bindings[slot]
+        b.inputs(input_ids=np.asarray([ids], np.int64), position_ids=np.arange(n, n + q, dtype=np.int64)[None],
+                 attention_mask=chain_mask(n, q), seqlens_k=np.array([n + q - 1], np.int32),
+                 total_sequence_length=np.array(n + q, np.int32))
+        outputs = {"logits": b.output("logits", (1, 1, self.vocab_size)),
+                   **{name: b.output(name, (1, q, w)) for name, w in self.features.items()}}
+        self._timed(b.run, 1, q, False)
+        outputs = {name: out.copy() for name, out in outputs.items()}  # the next call rewrites the bound buffers
+        return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
     def _groups(self, slots: np.ndarray, lengths: np.ndarray, q: int) -> list[np.ndarray]:
         """The calls of a pass, as row indices: one per run of consecutive slots (Q = 1, or Q > 1 with the
@@ -249,6 +278,14 @@ def open_decode(engine: OrtEngine, spec) -> Sibling | None:
         return None
     return open_sibling(engine, spec.decode_file, "padded decode graph",
                         "decode steps run the fused graph (they may differ from verify passes in the last bits)")
+
+
+def open_prefill(engine: OrtEngine, spec) -> Sibling | None:
+    """The prefill graph of ``spec`` (its manifest's ``prefill_file``), or None: none exported (fp32, w8a8, drafts,
+    engine dirs before it), or this onnxruntime cannot load it (a warning says so)."""
+    if spec.prefill_file is None:
+        return None
+    return open_sibling(engine, spec.prefill_file, "prefill graph", "prompts run through the decode graph")
 
 
 def open_sibling(engine: OrtEngine, file: str, what: str, otherwise: str) -> Sibling | None:

@@ -27,7 +27,9 @@ entries and runs [7] (``cached_tokens`` = 2).
 Exact: a kept entry is the K/V the target computed for the same tokens at the same positions, so the
 output is a cold run's (greedy token for token; seeded sampling the same draws) up to the float rounding
 between pass shapes that speculation already has (a kept entry may come from a decode step or a verify
-pass, a cold run's from a prefill chunk).
+pass, a cold run's from a prefill chunk). A target with a prefill graph of its own (export/prefill_graph.py:
+prompts on another kernel, not float rounding apart) keeps only the prompt's entries: a multi-turn
+chat reuses the earlier prompt and prefills the earlier answer again.
 
 Proposers with a cache of their own (``proposer.runner``) keep theirs slot for slot with the target:
 they say, as a row leaves, how many leading tokens of its sequence their cache covers (``cached(row)``)
@@ -116,6 +118,8 @@ class PrefixCache:
         if not self.enabled:
             return None
         target = min(int(self.target.lengths[row.slot]), len(row.seq))  # a stop string may cut seq short of the cache
+        if self.target.prefill_graph is not None:  # only the prompt's entries are what a cold prefill would write
+            target = min(target, row.prompt_len)
         if not target:
             return None
         owner = getattr(row, "proposer", None) or self.proposer

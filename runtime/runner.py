@@ -40,6 +40,7 @@ class Runner:
     """What every runner shares: prefill in the exported chunks (subclasses: forward, commit, lengths)."""
 
     prefill_chunk = 128  # tokens per prefill call (the graph's exported prefill shape)
+    prefill_graph = None  # a graph of its own that prompts run through (export/prefill_graph.py); None: ``forward``'s
     _swap_buffer = None  # ``swap``'s scratch: one slot's entries (allocated on the first swap)
 
     def prefill(self, slot: int, ids, feature: str = "hidden") -> tuple[np.ndarray, np.ndarray | None]:
@@ -51,12 +52,18 @@ class Runner:
         ids = list(ids)
         last, hidden = None, []
         for i in range(0, len(ids), self.prefill_chunk):
-            p = self.forward([slot], [ids[i : i + self.prefill_chunk]], record=False)
-            self.commit(p)
+            chunk = ids[i : i + self.prefill_chunk]
+            p = self.prefill_pass(slot, chunk)
+            self.commit(p, [np.arange(len(chunk))])  # every position (a prefill graph's logits hold the last only)
             last = p.logits[0, -1]
             if feature in p.outputs:
                 hidden.append(p.outputs[feature][0])
         return last, (np.concatenate(hidden) if hidden else None)
+
+    def prefill_pass(self, slot: int, ids: list) -> "Pass":
+        """One prompt chunk ``ids`` after ``slot``'s entries, not committed; its logits [1, Q or 1, V] end with
+        the last position's (a runner with a prefill graph of its own runs it there: the last only)."""
+        return self.forward([slot], [ids], record=False)
 
     def prefill_calls(self, n_tokens: int) -> int:
         return -(-n_tokens // self.prefill_chunk)

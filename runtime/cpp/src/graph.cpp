@@ -22,6 +22,17 @@ std::string type_name(ONNXTensorElementDataType t) {
 
 bool is_int(const std::string &dim) { return !dim.empty() && dim.find_first_not_of("-0123456789") == std::string::npos; }
 
+Ort::Session open_session(Ort::Env &env, const std::string &root, const std::string &file, const Ort::SessionOptions &options) {
+  const std::string path = root + "/" + file;
+  try {
+    return Ort::Session(env, path.c_str(), options);
+  } catch (const Ort::Exception &e) {
+    std::string what = e.what();
+    throw EngineError("ONNX Runtime cannot load " + file.substr(file.find_last_of('/') + 1) + ": " +
+                      what.substr(0, what.find('\n')));
+  }
+}
+
 }  // namespace
 
 Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us)
@@ -33,15 +44,8 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   if (threads > 0) options.SetIntraOpNumThreads(threads);
   if (spin_us >= 0) options.AddConfigEntry("session.intra_op.spin_duration_us", std::to_string(spin_us).c_str());
   // batch 1: every call is one row, so the padded graph (decode_file) replaces the fused one where there is one
-  const std::string &file = spec.decode_file.empty() ? spec.file : spec.decode_file;
-  const std::string path = root + "/" + file;
-  try {
-    session_ = Ort::Session(env, path.c_str(), options);
-  } catch (const Ort::Exception &e) {
-    std::string what = e.what();
-    throw EngineError("ONNX Runtime cannot load " + file.substr(file.find_last_of('/') + 1) + ": " +
-                      what.substr(0, what.find('\n')));
-  }
+  session_ = open_session(env, root, spec.decode_file.empty() ? spec.file : spec.decode_file, options);
+  if (!spec.prefill_file.empty()) prefill_session_ = open_session(env, root, spec.prefill_file, options);
   input_names_ = contract_inputs(spec.num_layers, spec.kv_layout);
   output_names_ = contract_outputs(spec.num_layers, false, spec.kv_layout);  // `hidden` is not fetched
   for (const auto &n : input_names_) input_ptrs_.push_back(n.c_str());
@@ -113,7 +117,9 @@ void Graph::build_mask(int q) {
       }
 }
 
-const float *Graph::forward(const int64_t *ids, int q) {
+const float *Graph::forward(const int64_t *ids, int q) { return run(ids, q, session_, q); }
+
+const float *Graph::run(const int64_t *ids, int q, Ort::Session &session, int logit_rows) {
   if (q < 1 || length_ + q > max_len_)
     throw RuntimeFailure("KV cache full: " + std::to_string(length_) + " + " + std::to_string(q) + " tokens > max_len " +
                          std::to_string(max_len_));
@@ -121,8 +127,8 @@ const float *Graph::forward(const int64_t *ids, int q) {
   positions_.resize(q);
   for (int i = 0; i < q; ++i) positions_[i] = L + i;
   build_mask(q);
-  logits_.resize(static_cast<size_t>(q) * V);
-  const int64_t ids_shape[] = {1, q}, mask_shape[] = {1, 1, q, L + q}, logits_shape[] = {1, q, V}, one[] = {1};
+  logits_.resize(static_cast<size_t>(logit_rows) * V);
+  const int64_t ids_shape[] = {1, q}, mask_shape[] = {1, 1, q, L + q}, logits_shape[] = {1, logit_rows, V}, one[] = {1};
   seqlens_k_ = L + q - 1;
   total_ = L + q;
   inputs_[0] = Ort::Value::CreateTensor<int64_t>(memory_, const_cast<int64_t *>(ids), q, ids_shape, 2);
@@ -143,7 +149,7 @@ const float *Graph::forward(const int64_t *ids, int q) {
   }
   auto t0 = std::chrono::steady_clock::now();
   try {
-    session_.Run(Ort::RunOptions{nullptr}, input_ptrs_.data(), inputs_.data(), inputs_.size(), output_ptrs_.data(),
+    session.Run(Ort::RunOptions{nullptr}, input_ptrs_.data(), inputs_.data(), inputs_.size(), output_ptrs_.data(),
                  outputs_.data(), outputs_.size());
   } catch (const Ort::Exception &e) {
     throw RuntimeFailure(spec_.role + " graph: ONNX Runtime run failed: " + e.what());
@@ -172,10 +178,11 @@ const float *Graph::prefill(const std::vector<int64_t> &ids) {
   int last = 0;
   for (size_t i = 0; i < ids.size(); i += chunk) {
     last = static_cast<int>(std::min(ids.size() - i, static_cast<size_t>(chunk)));
-    logits = forward(ids.data() + i, last);
+    // the prefill graph (export/prefill_graph.py) computes the last position's logits only
+    logits = prefill_session_ ? run(ids.data() + i, last, prefill_session_, 1) : forward(ids.data() + i, last);
     commit(last);
   }
-  return logits + static_cast<size_t>(last - 1) * spec_.vocab_size;
+  return prefill_session_ ? logits : logits + static_cast<size_t>(last - 1) * spec_.vocab_size;
 }
 
 }  // namespace specrt::impl

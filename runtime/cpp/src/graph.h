@@ -25,7 +25,8 @@ class Graph {
   const float *forward(const int64_t *ids, int q);
   void commit(int n);             // keep the first n positions of the last forward
   void rollback(int length);      // keep only the first `length` entries
-  const float *prefill(const std::vector<int64_t> &ids);  // in chunks of shapes.prefill; logits [vocab] of the last
+  const float *prefill(const std::vector<int64_t> &ids);  // in chunks of shapes.prefill (through spec.prefill_file
+                                                          // where there is one); logits [vocab] of the last
 
   int length() const { return length_; }
   int room() const { return max_len_ - length_; }
@@ -35,6 +36,8 @@ class Graph {
   int64_t calls = 0;          // Session::Run calls
 
  private:
+  // One call of `session` (the decode graph's or the prefill graph's), whose logits hold `logit_rows` positions.
+  const float *run(const int64_t *ids, int q, Ort::Session &session, int logit_rows);
   void check_inputs() const;  // the graph's inputs must be the manifest's (runtime.py check_graph)
   void build_mask(int q);     // additive mask [1, 1, q, L + q]: causal, sliding window
 
@@ -45,6 +48,7 @@ class Graph {
   size_t entry_bytes_;                // one time step of one plane: Hkv * D * elem
   bool in_place_;
   Ort::Session session_{nullptr};
+  Ort::Session prefill_session_{nullptr};  // spec.prefill_file's: prompt chunks (none: session_)
   Ort::MemoryInfo memory_{nullptr};
   std::vector<std::vector<uint8_t>> planes_;  // per layer K, V: time_major [max_len, 1, Hkv, D]; in_place [1, Hkv, max_len, D]
                                               // (max_len + 1 with spec.decode_file)

@@ -151,6 +151,12 @@ GraphSpec graph(const std::string &root, const std::string &role, const json &m)
       fail("engine dir " + root + ": " + role + " graph file " + py_str(g.decode_file) + " is missing");
     if (g.kv_layout != "in_place") fail("manifest.json: " + where + "decode_file is for kv_layout in_place graphs only");
   }
+  if (m.contains("prefill_file") && !m["prefill_file"].is_null()) {
+    g.prefill_file = as_str(m["prefill_file"], where + "prefill_file");
+    if (!is_file(join(root, g.prefill_file)))
+      fail("engine dir " + root + ": " + role + " graph file " + py_str(g.prefill_file) + " is missing");
+    if (g.kv_layout != "in_place") fail("manifest.json: " + where + "prefill_file is for kv_layout in_place graphs only");
+  }
   if (shapes.is_object() && shapes.contains("prefill")) g.prefill_chunk = as_int(shapes["prefill"], where + "shapes.prefill");
   if (g.prefill_chunk < 1) fail("manifest.json: " + where + "shapes.prefill must be >= 1");
   if (m.contains("sliding_window") && !m["sliding_window"].is_null())

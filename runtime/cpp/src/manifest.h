@@ -20,6 +20,8 @@ struct GraphSpec {
   std::string file;           // ONNX file, relative to the engine dir
   std::string decode_file;    // in_place target: the padded graph (export/decode_pad.py), "" = none; this batch-1
                               // runtime runs every call through it (a decode step = the verify pass's row)
+  std::string prefill_file;   // in_place target with MatMulNBits: the padded graph on the integer kernel that
+                              // prompts run through (export/prefill_graph.py; logits of the last position only)
   std::string architecture;   // HF class name
   int num_layers = 0;         // one past_key.i / past_value.i pair per layer
   int num_kv_heads = 0;

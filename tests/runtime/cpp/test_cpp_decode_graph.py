@@ -1,5 +1,5 @@
 """libspecrt on a quantized engine with the target's padded graph (``decode_file``, export/decode_pad.py): it runs
-every call through it, so its greedy speculation equals plain greedy and the Python runtime, token for token,
+every call through it (prompts through the prefill graph, ``prefill_file``, as the Python runtime does), so its greedy speculation equals plain greedy and the Python runtime, token for token,
 up to a full cache; an engine dir without the field still runs (the fused graph)."""
 import json
 import shutil
@@ -27,6 +27,7 @@ def prompts():
 def test_cpp_greedy_speculation_equals_plain_and_python(lib, engine, method):
     rt, cpp = specrt.load(engine), CppEngine(lib, engine)
     assert rt.target.spec.decode_file == "target_decode.onnx"
+    assert rt.target.spec.prefill_file == "target_prefill.onnx"  # prompts on the integer kernel, in both runtimes
     for name, prompt in prompts().items():
         plain = cpp.generate(prompt, max_new_tokens=40, method="none")
         out = cpp.generate(prompt, max_new_tokens=40, method=method, gamma=3)
