@@ -46,7 +46,7 @@ import numpy as np
 from ..contract import batch_mask, chain_mask, in_place_mask, past_names, present_names
 from ..engines import EngineError, OrtEngine
 from ..engines.ort import Binding
-from .runner import CacheFullError, Pass, Runner
+from .runner import CacheFullError, Pass, Runner, cache_zeros
 
 
 CHAIN_Q = 16  # chain calls of at most this many tokens (decode steps, verify passes) run through bound-once arrays
@@ -91,7 +91,7 @@ class InPlaceRunner(Runner):
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
         self.features = {n: w for n, w in (("hidden", hidden_size), ("aux_hidden", aux_size)) if w}  # output -> width
         # + 1: the padded graph's padding row writes one entry past a call's new ones (never valid, never read)
-        self.data = np.zeros((2 * num_layers, max_batch, num_kv_heads, max_len + 1, head_dim), dtype=np.float32)
+        self.data = cache_zeros((2 * num_layers, max_batch, num_kv_heads, max_len + 1, head_dim))
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.names = list(zip(past_names(num_layers), present_names(num_layers)))  # per plane (past, present)
         self.bindings: dict[tuple[int, int, bool], Binding] = {}  # (first slot, rows, twin?) -> those cache rows bound

@@ -13,6 +13,7 @@ costs no copy inside the cache). Any ``Engine`` works (ort, torch): named numpy 
 """
 from __future__ import annotations
 
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,28 @@ from ..contract import apply_sliding_window, batch_mask, chain_mask, new_names, 
 
 class CacheFullError(RuntimeError):
     pass
+
+
+def cache_zeros(shape: tuple, dtype=np.float32) -> np.ndarray:
+    """A KV cache ``shape`` of zeros, its memory mapped now (preallocated, as llama.cpp's is), in pages
+    advised for transparent huge pages where the OS has them. Left to map on first write, each slot's
+    first request paid for it: on this project's VMs 0.25-0.45 s per 90 MB in 4 KB pages (SmolLM2-135M,
+    2,048 entries per slot: a slot's first prompt 0.4-0.6 s instead of 0.05 s; a fresh server's first 16
+    prompts ~4 s). Committing costs the same once, at load (1.4 GB for 16 such slots: 2.6-3.4 s).
+
+        >>> cache_zeros((2, 3)).sum(), cache_zeros((2, 3)).flags.writeable
+        (np.float32(0.0), True)
+    """
+    n = int(np.prod(shape))
+    if not hasattr(mmap, "MAP_ANONYMOUS") or n == 0:
+        data = np.empty(shape, dtype)
+    else:
+        buffer = mmap.mmap(-1, n * np.dtype(dtype).itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            buffer.madvise(mmap.MADV_HUGEPAGE)
+        data = np.frombuffer(buffer, dtype, count=n).reshape(shape)  # the array keeps the mapping alive
+    data.fill(0)  # maps every page now
+    return data
 
 
 @dataclass
@@ -155,7 +178,7 @@ class HostRunner(Runner):
         self.max_len = max_len
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        self.data = np.zeros((2 * num_layers, max_len, max_batch, num_kv_heads, head_dim), dtype=dtype)
+        self.data = cache_zeros((2 * num_layers, max_len, max_batch, num_kv_heads, head_dim), dtype)
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
         self.past_names, self.new_names = past_names(num_layers), new_names(num_layers)
         self.on_call = on_call
