@@ -1,5 +1,7 @@
 """`specrt bench peers --serve` without servers: its options, the plan with a missing llama-server listed with the
 recipe that builds it, the interleaved order, and the report (best vs best, goals MET / NOT MET)."""
+from pathlib import Path
+
 import pytest
 
 from specrt.tools.bench import peers, serve_peers
@@ -88,3 +90,19 @@ def test_a_run_records_the_llama_cpp_build_s_x86_options(tmp_path):
                                              "GGML_CUDA:BOOL=ON\nGGML_AVX512_VNNI:BOOL=ON\nCMAKE_BUILD_TYPE:STRING=Release\n")
     assert build_options(tmp_path / "bin" / "llama-server") == ["GGML_AVX2=ON", "GGML_AVX512_VNNI=ON", "GGML_NATIVE=OFF"]
     assert build_options(tmp_path / "a" / "b" / "llama-server") == []  # no CMakeCache.txt beside it or above
+
+
+def test_server_memory_counts_weights_per_session_and_the_cache_per_client(llama_fused_engine, tmp_path):
+    from specrt.engines.manifest import load_manifest
+    from specrt.tools.bench.serve_peers import Unit, server_memory
+
+    unit = Unit("specrt", "fp32", "none", "fp32", Path(llama_fused_engine))
+    m = load_manifest(llama_fused_engine)
+    g = m.target.geometry
+    per_slot = 2 * g.num_layers * g.num_kv_heads * g.head_dim * (m.max_len + 1) * 4
+    assert server_memory(unit, 16) - server_memory(unit, 1) == 15 * per_slot
+    weights = sum(f.stat().st_size for f in Path(llama_fused_engine).glob("*.data"))
+    assert server_memory(unit, 1) == 3 * weights + per_slot + (6 << 27)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * 1000)
+    assert server_memory(Unit("llama.cpp", "fp32", "none", "F32", gguf), 16) == 1000 + (1 << 28)

@@ -37,9 +37,6 @@ from .serve_peers_report import markdown, same_as_plain, summary, goals
 
 SPECRT_METHODS = ("none", "ngram", "suffix")
 TASKS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
-# bytes a server may hold at 16 clients (measured on SmolLM2 int4: specrt serve 2.1 GB, its fp32 KV cache of
-# 16 x 2048 positions; llama-server 0.4 GB); --servers auto keeps them all up when their sum fits
-SERVER_MEMORY = {"specrt": 5 << 29, "llama.cpp": 5 << 27}
 
 
 @dataclass(frozen=True)
@@ -148,6 +145,22 @@ def jobs(units: list, rounds: int, tasks: list, base: int, keep: bool) -> list[t
     return [(u, r, t) for i, (r, t) in enumerate(steps) for u in rotate(units, base + i)]
 
 
+def server_memory(unit: Unit, clients: int) -> int:
+    """Bytes the server of ``unit`` may hold at ``clients`` slots (--servers auto keeps a client count's
+    servers all up when their sum fits). specrt: three ONNX Runtime sessions that each hold the weights
+    (fused graph, batched twin, padded decode graph), the fp32 KV cache, mapped at start, and ~0.6 GB;
+    llama-server: its GGUF and its f16 KV cache of -c 8192. Measured on SmolLM2-135M at 16 clients: specrt
+    w8a8 2.8 GB, fp32 4.0 GB; llama-server Q8_0 0.35-0.63 GB, F32 0.34-0.73 GB."""
+    if unit.system == "llama.cpp":
+        return unit.model.stat().st_size + (1 << 28)
+    from ...engines.manifest import load_manifest
+
+    m = load_manifest(unit.model)
+    g = m.target.geometry
+    cache = 2 * g.num_layers * g.num_kv_heads * g.head_dim * (m.max_len + 1) * 4 * clients
+    return 3 * sum(f.stat().st_size for f in unit.model.glob("*.data")) + cache + (6 << 27)
+
+
 def mem_available() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -188,12 +201,14 @@ def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     records, failed = [], {}
     work = Path(tempfile.mkdtemp(prefix="specrt-serve-peers-"))
-    need = sum(SERVER_MEMORY[u.system] for u in units)
-    keep = a.servers == "keep" or (a.servers == "auto" and mem_available() > need)
-    a.servers_used = "keep" if keep else "restart"
-    log(f"servers: {'kept up per client count' if keep else 'one at a time'}; logs in {work}")
+    a.servers_used = {}
+    log(f"server logs in {work}")
     warm = task_payloads(problems[-1:], 1)
     for ci, clients in enumerate(a.clients):
+        need = sum(server_memory(u, clients) for u in units)
+        keep = a.servers == "keep" or (a.servers == "auto" and mem_available() > need)
+        a.servers_used[clients] = "keep" if keep else "restart"
+        log(f"{clients} clients: servers {'kept up' if keep else 'one at a time'} (~{need / 2**30:.1f} GB together)")
         n = max(a.prompts, clients)
         payloads, servers = task_payloads(problems, n), {}
         ctx = needed_ctx(a, payloads, clients)
