@@ -123,6 +123,20 @@ def chain_mask(past: int, q: int, dtype=np.float32, out: np.ndarray | None = Non
     return mask
 
 
+def chain_inputs(ids, past: int) -> dict:
+    """The per-call inputs of a fused graph (kv_layout in_place) for one row: ``ids`` [Q] after ``past``
+    cached entries, causal. GroupQueryAttention's ``seqlens_k`` is the row's length after the call - 1.
+
+        >>> {k: v.tolist() for k, v in chain_inputs([5, 6], past=1).items() if k != "attention_mask"}
+        {'input_ids': [[5, 6]], 'position_ids': [[1, 2]], 'seqlens_k': [2], 'total_sequence_length': 3}
+    """
+    q = len(ids)
+    total = past + q
+    return {"input_ids": np.asarray(ids, np.int64).reshape(1, q),
+            "position_ids": np.arange(past, total, dtype=np.int64)[None], "attention_mask": chain_mask(past, q),
+            "seqlens_k": np.array([total - 1], np.int32), "total_sequence_length": np.array(total, np.int32)}
+
+
 @functools.lru_cache(maxsize=64)
 def _causal(q: int, dtype: str) -> np.ndarray:
     """[Q, Q] 0 on and below the diagonal, MASK_MIN above (read-only: shared by every caller)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract import MASK_MIN
+from ..contract import chain_inputs
 
 
 class FusedCall:
@@ -35,15 +35,10 @@ class FusedCall:
         """``ids`` [Q] after ``past`` cached entries (stale or not: timing does not care), causal;
         returns the named outputs [1, Q, width] (views the next call overwrites); ``logit_rows``: the
         positions the graph's logits hold, if not Q (a prefill graph's: 1)."""
-        ids = np.asarray(ids, np.int64)[None]
-        q = ids.shape[1]
+        q = len(ids)
         if past + q > self.max_len:
             raise ValueError(f"{past} + {q} tokens exceed the cache ({self.max_len})")
-        total = past + q
-        mask = np.where(np.arange(total)[None] <= past + np.arange(q)[:, None], 0, MASK_MIN).astype(np.float32)
-        self.binding.inputs(input_ids=ids, position_ids=np.arange(past, total, dtype=np.int64)[None],
-                            attention_mask=mask[None, None], seqlens_k=np.array([total - 1], np.int32),
-                            total_sequence_length=np.array(total, np.int32))
+        self.binding.inputs(**chain_inputs(ids, past))
         rows = {"logits": logit_rows or q}
         out = {name: self.binding.output(name, (1, rows.get(name, q), self.widths[name])) for name in outputs}
         self.binding.run()

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..contract import batch_mask, chain_mask, in_place_mask, past_names, present_names
+from ..contract import batch_mask, chain_inputs, chain_mask, in_place_mask, past_names, present_names
 from ..engines import EngineError, OrtEngine
 from ..engines.ort import Binding
 from .runner import CacheFullError, Pass, Runner, cache_zeros
@@ -163,9 +163,7 @@ class InPlaceRunner(Runner):
         if slot not in self.prefill_bindings:
             self.prefill_bindings[slot] = self._cache_binding(slot, 1, self.prefill_graph)
         b = self.prefill_bindings[slot]
-        b.inputs(input_ids=np.asarray([ids], np.int64), position_ids=np.arange(n, n + q, dtype=np.int64)[None],
-                 attention_mask=chain_mask(n, q), seqlens_k=np.array([n + q - 1], np.int32),
-                 total_sequence_length=np.array(n + q, np.int32))
+        b.inputs(**chain_inputs(ids, n))
         outputs = {"logits": b.output("logits", (1, 1, self.vocab_size)),
                    **{name: b.output(name, (1, q, w)) for name, w in self.features.items()}}
         self._timed(b.run, 1, q, False)
