@@ -43,7 +43,8 @@ EXTERNAL_DATA_BYTES = 1 << 30  # models above 1 GiB store weights as external da
 class ExportConfig:
     """What `specrt export` builds."""
 
-    gamma: int = 4  # chain-verify draft length: verify shape is gamma + 1
+    gamma: int = 8  # chain-verify draft length: verify shape is gamma + 1; the policy's largest γ (it picks 0..gamma per
+    # step: a lookup method's long matches pay, docs/bench/serving-vs-llama.md)
     max_len: int = 2048  # KV cache capacity (prompt + generated tokens)
     dtype: str = "fp32"  # weights and K/V dtype in the graphs: fp32 | fp16
     prefill_chunk: int = 128  # prompt tokens per prefill call

@@ -13,7 +13,7 @@ import click
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Engine dir to write.")
 @click.option("--force", is_flag=True, help="Replace an existing engine dir at --out (whole; it is never mixed).")
 @click.option("--verbose", is_flag=True, help="Show the tracer's warnings and transformers' loading bars.")
-@click.option("--gamma", default=4, show_default=True, type=click.IntRange(1, 64),
+@click.option("--gamma", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Chain-verify draft length (verify shape gamma+1; the adaptive maximum).")
 @click.option("--max-len", default=2048, show_default=True, type=click.IntRange(2), help="KV cache capacity in tokens.")
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16"]))
