@@ -103,11 +103,13 @@ class PolicyDecision:
     predicted_speedup: float  # predicted throughput at gamma / throughput at γ = 0 (1.0 when off)
     reason: str  # "policy" (chosen by prediction) | "cap" (batch above speculation_max_batch) | "probe" | "fixed"
     # | "room" (no sequence could draft this step: the policy was not asked) | "guard" (plain: measured
-    # speculative steps realize fewer tokens/s than plain ones, or a plain step to keep that measured)
+    # speculative steps realize fewer tokens/s than plain ones, or a plain step to keep that measured) | "cut"
+    # (plain: the rows' proposals, once made, were too short or too few to pay for the pass, ``chain_cut``)
 
 
 NO_ROOM = PolicyDecision(0, 1.0, "room")
-REASONS = ("policy", "probe", "cap", "fixed", "room", "guard")  # every PolicyDecision.reason (/metrics labels)
+CUT = PolicyDecision(0, 1.0, "cut")
+REASONS = ("policy", "probe", "cap", "fixed", "room", "guard", "cut")  # every PolicyDecision.reason (/metrics labels)
 
 
 def batch_bucket(batch: int) -> int:
@@ -209,6 +211,31 @@ def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callab
     rates = [step_throughput(g, alphas, target_seconds, draft_seconds, tree) for g in choices]
     best = int(np.argmax(rates))  # first maximum: the smaller γ on ties
     return PolicyDecision(best, rates[best] / rates[0], "policy")
+
+
+def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: Callable[[int], float],
+              floor: int = 0) -> int:
+    """How many of its proposed tokens each row verifies this step, decided once the proposals are made: the
+    c in floor..max(lengths) with the highest predicted tokens per second of the pass.
+
+    ``choose_gamma`` prices a step as if every row proposed γ tokens. A lookup proposer (n-gram, suffix) proposes
+    what its match gives: 0..γ tokens per row. The pass still verifies every row at the longest chain's length (the
+    shorter ones padded), so B rows cost T(B·(c+1)) for Σ_b E[tokens](α_b, min(k_b, c)). ``floor``: a length no cut
+    goes below (rows whose chain must run whole: a fixed γ, a grammar's forced tokens, a sampled draft).
+
+        >>> T = lambda n: 0.004 + 0.001 * n  # seconds of a pass over n positions
+        >>> chain_cut([8, 0, 0, 0], [0.9] * 4, T)  # one row's long match does not pay for four rows' padding
+        0
+        >>> chain_cut([8, 8, 8, 8], [0.9] * 4, T), chain_cut([8], [0.9], T)
+        (3, 7)
+    """
+    b, best, best_rate = len(lengths), floor, -1.0
+    for c in range(floor, max([floor, *lengths]) + 1):
+        tokens = sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas))
+        rate = tokens / max(target_seconds(b * (c + 1)), 1e-12)
+        if rate > best_rate:  # ties: the shorter cut
+            best, best_rate = c, rate
+    return best
 
 
 def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from .batch_policy import NO_ROOM, PolicyConfig, PolicyDecision, SpeculationPolicy
+from .batch_policy import CUT, NO_ROOM, PolicyConfig, PolicyDecision, SpeculationPolicy, chain_cut
 from .gamma import AlphaEstimate
 from .prefix_cache import PrefixCache
 from .constraints import ConstraintError
@@ -181,6 +181,7 @@ class DecodeCore:
         rows = list(self.rows)
         decisions, gammas, ks = self._plan(rows)
         proposals, work = self._propose(rows, ks)  # work: method -> [rows it proposed for, seconds]
+        proposals, decisions = self._cut(rows, proposals, decisions)  # what the proposals pay for of the pass
         shadows = self._shadows(rows, decisions, proposals)  # per row: its idle lookup proposer's guess, or None
         out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
         verified = [self._verify(row, p, out.logits[b, : p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
@@ -248,6 +249,24 @@ class DecodeCore:
                 for b, p in zip(group, got):
                     proposals[b] = constrained.with_forced(constrained.prune(p, rows[b].matcher), forced[b])
         return [EMPTY if p is None else p for p in proposals], work
+
+    def _cut(self, rows: list[Row], proposals: list[Proposal], decisions: dict) -> tuple[list[Proposal], dict]:
+        """The lookup proposals (point-mass chains the policy chose γ for) cut to the length whose pass pays best now
+        that their lengths are known (``chain_cut``: one row's long match does not pay for every row's padding); a
+        method whose rows are all cut to nothing runs a plain step (reason "cut"). Other rows (a fixed γ, a probe, forced
+        tokens, a sampled draft) run whole; with a tree in the pass nothing is cut."""
+        if any(p.tree is not None for p in proposals):
+            return proposals, decisions
+        free = [p.q is None and not p.forced and row.request.gamma is None and decisions[row.method].reason == "policy"
+                for row, p in zip(rows, proposals)]
+        floor = max([len(p.tokens) for p, f in zip(proposals, free) if not f], default=0)
+        c = chain_cut([len(p.tokens) for p in proposals], [row.alpha.alpha for row in rows],
+                      self.policy.target_curve.seconds, floor) if any(free) and self.policy.target_curve else None
+        if c is None or c >= max(len(p.tokens) for p in proposals):
+            return proposals, decisions
+        proposals = [Proposal(p.tokens[:c]) if f else p for p, f in zip(proposals, free)]
+        speculating = {row.method for row, p in zip(rows, proposals) if len(p.tokens)}
+        return proposals, {m: d if m in speculating or d.gamma == 0 else CUT for m, d in decisions.items()}
 
     def _shadows(self, rows: list[Row], decisions: dict, proposals: list[Proposal]) -> list[int | None]:
         """Per row the one token its proposer would propose, for the rows of a ``shadow`` proposer (a lookup of no

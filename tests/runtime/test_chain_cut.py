@@ -1,0 +1,96 @@
+"""Lookup proposals cut once their lengths are known (runtime/batch_policy.py ``chain_cut``, ``DecodeCore._cut``).
+
+A pass verifies every row at its longest chain's length, so one row's long match can cost the whole batch
+its padding: the core cuts point-mass chains to the length whose pass pays best, and runs a plain step
+(reason "cut") where none does. Greedy output stays plain greedy's: a cut chain is a shorter proposal.
+"""
+import numpy as np
+import pytest
+
+import specrt
+from specrt.runtime.batch_policy import REASONS, chain_cut
+from specrt.runtime.core import CoreConfig, SequenceRequest
+from specrt.runtime.proposers import EMPTY, NoProposer, Proposal
+from specrt.runtime.sampling import SamplingParams
+from reference import requests_for, run_all
+
+
+def linear(n: int) -> float:
+    """A compute-bound target: 4 ms a pass + 1 ms a position."""
+    return 0.004 + 0.001 * n
+
+
+def test_one_long_match_does_not_pay_for_the_batch_padding():
+    assert chain_cut([8, 0, 0, 0], [0.9] * 4, linear) == 0
+    assert chain_cut([8, 8, 8, 8], [0.9] * 4, linear) == 3  # every row gains: a shorter chain pays best
+    assert chain_cut([8], [0.9], linear) == 7
+
+
+def test_a_flat_curve_keeps_every_token_and_the_floor_holds():
+    flat = lambda n: 0.01  # noqa: E731 - memory-bound: positions are free
+    assert chain_cut([8, 0, 3, 0], [0.5] * 4, flat) == 8
+    assert chain_cut([8, 0, 0, 0], [0.9] * 4, linear, floor=2) == 2  # a fixed-γ row's chain runs whole
+    assert chain_cut([], [], linear) == 0 and chain_cut([0, 0], [0.9, 0.9], linear) == 0
+    assert "cut" in REASONS
+
+
+class Lengths(NoProposer):
+    """A lookup proposer that proposes ``lengths[request id]`` copies of token 7 (point masses)."""
+
+    name, shadow, max_nodes = "ngram", False, 4
+
+    def __init__(self, lengths: dict):
+        self.lengths = lengths
+
+    def propose(self, rows, ks):
+        return [Proposal(np.full(min(k, self.lengths[r.request.request_id]), 7, np.int64)) if k else EMPTY
+                for r, k in zip(rows, ks)]
+
+
+@pytest.fixture(scope="module")
+def rt(llama_fused_engine):
+    return specrt.load(llama_fused_engine)
+
+
+def first_step(rt, lengths: dict, curve):
+    """The first step of a batch of len(lengths) rows under a synthetic target curve."""
+    core = rt.new_core(CoreConfig(max_batch=len(lengths), method="ngram", calibrate=False), proposer=Lengths(lengths))
+    for i, rid in enumerate(lengths):
+        core.add(SequenceRequest(rid, [3, 1, 4, 1, 5][: i + 1], SamplingParams(max_new_tokens=8)))
+    synthetic(core, curve)
+    return core.step()[1]
+
+
+def synthetic(core, curve, sizes=range(1, 41)):
+    """The core's target curve replaced by ``curve`` (the calls so far recorded real timings)."""
+    core.policy.target_curve.points.clear()
+    for n in sizes:
+        core.policy.target_curve.record(n, curve(n))
+
+
+def test_the_core_cuts_padding_that_does_not_pay(rt):
+    knee = lambda n: 0.010 + 0.00075 * max(0, n - 4)  # noqa: E731 - the policy speculates (γ 1-2 at α 0.6) ...
+    report = first_step(rt, {"a": 4, "b": 0, "c": 0, "d": 0}, knee)  # ... and one row's proposal does not pay
+    assert report.positions == 4 and report.decision.reason == "cut" and report.proposed == 0
+    report = first_step(rt, {"a": 4, "b": 4, "c": 4, "d": 4}, lambda n: 0.01)  # flat: nothing to cut
+    assert report.positions == 4 * 5 and report.decision.reason == "policy"
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_greedy_rows_under_a_steep_curve_equal_plain(rt, method):
+    """A steep curve: the policy speculates on α and the core cuts most passes; every row is plain greedy."""
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [2, 3] * 6, [5], list(range(1, 12))]
+    core = rt.new_core(CoreConfig(max_batch=4, method=method, calibrate=False))
+    synthetic(core, lambda n: 0.010 + 0.00075 * max(0, n - 4))
+    cut, core_cut = [], core._cut
+
+    def counted(rows, proposals, decisions):
+        out = core_cut(rows, proposals, decisions)
+        cut.append(sum(len(p.tokens) for p in out[0]) < sum(len(p.tokens) for p in proposals))
+        return out
+
+    core._cut = counted
+    done = run_all(core, requests_for([(p, SamplingParams(max_new_tokens=20)) for p in prompts]))
+    for i, p in enumerate(prompts):
+        assert done[f"r{i}"][0] == rt.generate(p, max_new_tokens=20, method="none").token_ids
+    assert any(cut)  # the cut ran
