@@ -7,7 +7,7 @@ This builder writes the same function from the HF weights with ~11 nodes per lay
     Gather(embed) -> per layer:
         (Skip)SimplifiedLayerNormalization -> MatMul(packed QKV) [+ Add(bias)]
         -> GroupQueryAttention(do_rotary, cos/sin caches, position_ids, attention_bias = the mask)
-        -> MatMul(o_proj) -> SkipSimplifiedLayerNormalization -> gate/up MatMul, SiLU, Mul -> down MatMul
+        -> MatMul(o_proj) -> SkipSimplifiedLayerNormalization -> gate|up MatMul, Split, SiLU, Mul -> down MatMul
     -> SkipSimplifiedLayerNormalization(final norm) -> MatMul(lm_head)
 
 K/V are head-major [B, Hkv, max_len, D] and ``past_*`` / ``present_*`` are meant to be ONE buffer per
@@ -75,6 +75,14 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
         return name
 
+    def const(self, name: str, array: np.ndarray) -> str:
+        """An initializer of ``array``'s own dtype (``weight`` stores float32), added once."""
+        from onnx import numpy_helper
+
+        if all(i.name != name for i in self.inits):
+            self.inits.append(numpy_helper.from_array(array, name))
+        return name
+
     def node(self, op: str, inputs: list, outputs: list, ms: bool = False, **attrs) -> str:
         from onnx import helper
 
@@ -136,8 +144,13 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
                         [resid, o, g.weight(f"l{i}.ln2", layer.post_attention_layernorm.weight)],
                         [f"l{i}.n2", "", "", f"l{i}.r2"], ms=True, epsilon=eps)
         resid = f"l{i}.r2"
-        gate = g.linear(normed, mlp.gate_proj, f"l{i}.gate", f"l{i}.gate")
-        up = g.linear(normed, mlp.up_proj, f"l{i}.up", f"l{i}.up")
+        packed = torch.nn.Linear(1, 1)  # gate and up as one projection, split in halves (one kernel call, not two)
+        packed.weight = torch.nn.Parameter(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        packed.bias = (None if mlp.gate_proj.bias is None else
+                       torch.nn.Parameter(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])))
+        gate_up = g.linear(normed, packed, f"l{i}.gate_up", f"l{i}.gate_up")
+        halves = g.const("gate_up/split", np.array([mlp.gate_proj.out_features] * 2, np.int64))
+        gate, up = g.node("Split", [gate_up, halves], [f"l{i}.gate", f"l{i}.up"], axis=-1), f"l{i}.up"
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], [f"l{i}.sig"])], [f"l{i}.silu"])
         branch = g.linear(g.node("Mul", [silu, up], [f"l{i}.act"]), mlp.down_proj, f"l{i}.down", f"l{i}.down")
     hidden = g.node("SkipSimplifiedLayerNormalization", [resid, branch, g.weight("norm", model.model.norm.weight)],

@@ -11,7 +11,7 @@ docs/bench/verify-curve.md). Producers that can absorb 1/s exactly, in a fused g
 (export/fused_graph.py):
 
 - (Skip)SimplifiedLayerNormalization: its weight (gamma), when the normed output feeds only these MatMuls;
-- Mul(silu(gate), up): the up MatMul's weight columns;
+- Mul(silu(gate), up): the up MatMul's weight columns (in a fused graph, the second half of the packed gate|up);
 - GroupQueryAttention: the v columns (and bias) of the packed qkv MatMul, one factor per (kv head, channel)
   shared by the query heads of the group.
 
@@ -85,13 +85,57 @@ def _fold_plan(g: _Graph, x: str, users: list):
     if node.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization") and node.output[0] == x:
         gamma = node.input[1 if node.op_type == "SimplifiedLayerNormalization" else 2]
         return _divide(g, gamma, axis=0) if gamma in g.inits else None
-    if node.op_type == "Mul":
-        up = next((p for i in node.input if (p := g.producer.get(i)) is not None and p.op_type == "MatMul"
-                   and p.input[1] in g.inits and len(g.consumers[i]) == 1), None)
-        return None if up is None else _divide(g, up.input[1], axis=1)
+    if node.op_type == "Mul":  # silu(gate) * up: up's columns of its MatMul (the packed gate|up one: its 2nd half)
+        ups = [fold for i in node.input if len(g.consumers.get(i, [])) == 1 and (fold := _columns_fold(g, i))]
+        return ups[-1] if ups else None
     if node.op_type == "GroupQueryAttention" and node.output[0] == x:
         return _attention_fold(g, node)
     return None
+
+
+def _columns_fold(g: _Graph, x: str):
+    """s -> s dividing the weight columns (and bias) that compute ``x``: a MatMul's output [+ Add bias], or one
+    half of one split in two along the last axis (fused graphs' packed gate|up); None for anything else."""
+    node, part = g.producer.get(x), slice(None)
+    if node is not None and node.op_type == "Split" and len(node.output) == 2 and halves(g, node) \
+            and any(a.name == "axis" and a.i == -1 for a in node.attribute):
+        part = slice(0, 1) if x == node.output[0] else slice(1, 2)  # halves, read below once the width is known
+        x = node.input[0]
+    node, bias = _weight_matmul(g, x)
+    if node is None:
+        return None
+    width = g.inits[node.input[1]].dims[1]
+    if part != slice(None):
+        part = slice(part.start * width // 2, part.stop * width // 2)
+
+    def fold(s):
+        for name in (node.input[1], bias):
+            if name is not None:
+                a = g.array(name)
+                a[..., part] /= s[None] if a.ndim == 2 else s
+                g.set(name, a)
+        return s
+
+    return fold
+
+
+def _weight_matmul(g: _Graph, x: str):
+    """(the MatMul by a weight initializer that computes ``x``, its bias initializer's name or None) for
+    ``x`` = MatMul(·, W) [+ bias]; (None, None) for anything else."""
+    node, bias = g.producer.get(x), None
+    if node is not None and node.op_type == "Add":
+        bias = next((i for i in node.input if i in g.inits), None)
+        node = next((g.producer.get(i) for i in node.input if i not in g.inits), None)
+    if node is None or node.op_type != "MatMul" or node.input[1] not in g.inits:
+        return None, None
+    return node, bias
+
+
+def halves(g: _Graph, split) -> bool:
+    """Whether a Split node cuts its input in two equal parts (no sizes given, or two equal constant ones)."""
+    if len(split.input) < 2 or not split.input[1]:
+        return True
+    return split.input[1] in g.inits and len(set(g.np.to_array(g.inits[split.input[1]]).tolist())) == 1
 
 
 def _divide(g: _Graph, name: str, axis: int):
@@ -109,12 +153,8 @@ def _attention_fold(g: _Graph, node):
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
-    qkv = g.producer.get(node.input[0])
-    bias = None
-    if qkv is not None and qkv.op_type == "Add":
-        bias = next((i for i in qkv.input if i in g.inits), None)
-        qkv = next((g.producer.get(i) for i in qkv.input if i not in g.inits), None)
-    if qkv is None or qkv.op_type != "MatMul" or qkv.input[1] not in g.inits:
+    qkv, bias = _weight_matmul(g, node.input[0])
+    if qkv is None:
         return None
     width = g.inits[qkv.input[1]].dims[1]
     head_dim = width // (heads + 2 * kv_heads)
