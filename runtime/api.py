@@ -131,6 +131,7 @@ class Runtime:
         self.runner_factory = runner_factory  # (graph, max_batch, on_call) -> runner; None: HostRunner
         self._shared: dict = {}  # role -> (runner, LatencyCurve) at max_batch 1, shared by the batch-1 cores
         self._cores: dict = {}  # (method, acceptance) -> DecodeCore at max_batch 1
+        self._corpora: dict = {}  # resolved path -> suffix decoding's index of that corpus file
         self._requests = 0  # generations started (request ids of the batch-1 cores)
         self._grammar_compiler: GrammarCompiler | None = None  # made on first use (llguidance's tokenizer: 0.1-1 s)
         self._grammar_lock = threading.Lock()  # one compiler, whichever thread asks first
@@ -192,8 +193,18 @@ class Runtime:
             return self.runner_factory(graph, max_batch, on_call), curve
         return runner_for_graph(graph.engine, graph.spec, self.manifest.max_len, max_batch, on_call), curve
 
-    def proposer(self, method: str, max_batch: int, draft=None):
-        """The proposer of ``method`` for ``max_batch`` slots (draft: the draft's (runner, curve) pair)."""
+    def suffix_corpus(self, path: str | Path):
+        """The fixed suffix index of the corpus file at ``path`` (read and tokenized once per Runtime)."""
+        from .proposers.suffix import corpus_index, read_corpus
+
+        key = str(Path(path).resolve())
+        if key not in self._corpora:
+            self._corpora[key] = corpus_index(self.tokenizer.encode(t).ids for t in read_corpus(Path(path)))
+        return self._corpora[key]
+
+    def proposer(self, method: str, max_batch: int, draft=None, corpus: str | None = None):
+        """The proposer of ``method`` for ``max_batch`` slots (draft: the draft's (runner, curve) pair;
+        corpus: suffix decoding's corpus file)."""
         from . import proposers
 
         if method == "draft":
@@ -207,7 +218,7 @@ class Runtime:
         if method == "suffix":
             from .proposers.suffix import SuffixProposer
 
-            return SuffixProposer(self.gamma_max)
+            return SuffixProposer(self.gamma_max, corpus=self.suffix_corpus(corpus) if corpus else None)
         if method == "medusa":
             from .proposers.medusa import MedusaProposer
 
@@ -234,7 +245,8 @@ class Runtime:
             if role not in runners:
                 runners[role] = self.runner(role, config.max_batch)
         target, target_curve = runners["target"]
-        proposers = {m: self.proposer(m, config.max_batch, runners.get("draft")) for m in methods}
+        proposers = {m: self.proposer(m, config.max_batch, runners.get("draft"), config.suffix_corpus)
+                     for m in methods}
         if proposer is not None:
             proposers[methods[0]] = proposer
         policies = {m: self._policy(m, p, config, target_curve, runners["draft"][1] if m == "draft" else LatencyCurve())

@@ -472,6 +472,8 @@ def check_config(config: CoreConfig, gamma_max: int) -> None:
     if config.gamma is not None and not 0 <= config.gamma <= gamma_max:
         raise SamplingError(f"gamma must be in 0..{gamma_max} or None for the policy, got {config.gamma}")
     methods = set(parse_methods(config.method)) - {"none"}
+    if config.suffix_corpus is not None and "suffix" not in methods:
+        raise SamplingError(f"a suffix corpus is for method 'suffix'; the methods served are {config.method!r}")
     if config.acceptance not in ACCEPTANCE or (config.acceptance != "exact" and methods != {"medusa"}):
         raise SamplingError(f"acceptance must be one of {', '.join(ACCEPTANCE)} ('typical' is lossy and only for "
                             f"method 'medusa'), got {config.acceptance!r} with method {config.method!r}")

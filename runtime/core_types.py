@@ -38,6 +38,8 @@ class CoreConfig:
     prefix_cache_mb: float = 512  # host-memory tier of the prefix cache: copies of overwritten slots' caches,
     # at most this many MB (runtime/prefix_store.py; 0 = none)
     forced_tokens: bool = True  # a grammar's forced tokens are a row's proposal (False: measure without)
+    suffix_corpus: str | None = None  # method suffix: a file of texts (.jsonl of {"text"}, or plain text) every
+    # request also draws proposals from (runtime/proposers/suffix.py, docs/runtime.md#a-suffix-corpus)
 
 
 @dataclass

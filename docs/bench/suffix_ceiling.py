@@ -78,7 +78,7 @@ def tokens_per_pass(requests, kind: str, k: int, factor: float = 1.0, min_prob: 
                 paths = propose_tree(local, cache.index, seq, room, factor, min_prob)
             else:
                 chain = (find_continuation(seq, room) if kind == "ngram"
-                         else propose(local, cache.index, seq, room, factor, min_prob))
+                         else propose(local, [cache.index], seq, room, factor, min_prob))
                 paths = [tuple(chain[: i + 1]) for i in range(len(chain))]
             step = min(accepted(paths, out[t:]) + 1, len(out) - t)
             seq += out[t : t + step]

@@ -2,8 +2,10 @@
 from the continuations of the current context, counted over this request AND earlier requests.
 
 Per slot, a ``SuffixIndex`` of the request's own sequence (prompt + output); one global
-``SuffixIndex`` of recent finished sequences (bounded in tokens, oldest evicted first). A proposal
-walks the most frequent continuation of the longest context either index has seen, one token at
+``SuffixIndex`` of recent finished sequences (bounded in tokens, oldest evicted first); optionally a
+fixed corpus index (``corpus_index``: text the model wrote before, e.g. ``specrt train data``'s; a
+retrieval datastore as in REST, arXiv 2311.08252). A proposal
+walks the most frequent continuation of the longest context any index has seen, one token at
 a time, and stops when the walk's probability (the product of each step's count share) drops
 below ``min_prob`` or the proposal reaches ``factor`` times the length of the first match: a long
 match (a repeated file, an earlier answer being re-emitted) proposes long chains, a short one
@@ -16,9 +18,11 @@ then [1, 2, 3] -> 4; then [2, 3, 4] -> nothing: proposal [3, 4] (factor 1: at mo
 from __future__ import annotations
 
 import collections
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -86,17 +90,48 @@ class SuffixCache:
         self.tokens += len(seq)
 
 
-def propose(local: SuffixIndex, shared: SuffixIndex | None, context: Sequence[int], k: int, factor: float,
+def read_corpus(path: Path) -> list[str]:
+    """The texts of a corpus file: a .jsonl file's "text" fields (one JSON object a line: what
+    ``specrt train data`` writes), any other file whole.
+    Raises ValueError, naming the file, when it cannot be read or a line is not such an object."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"suffix corpus {path}: cannot read it ({e})") from None
+    if Path(path).suffix != ".jsonl":
+        return [raw]
+    texts = []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                texts.append(json.loads(line)["text"])
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"suffix corpus {path}, line {n}: not a JSON object with a \"text\" field") from None
+            if not isinstance(texts[-1], str):
+                raise ValueError(f"suffix corpus {path}, line {n}: \"text\" is not a string")
+    return texts
+
+
+def corpus_index(sequences: Iterable[Sequence[int]], depth: int = 24) -> SuffixIndex:
+    """A fixed index of ``sequences`` (token ids), for ``SuffixProposer(corpus=...)``: never evicted, shared by
+    every cache scope (public text, not a user's outputs)."""
+    index = SuffixIndex(depth)
+    for seq in sequences:
+        index.add(seq, 0, len(seq))
+    return index
+
+
+def propose(local: SuffixIndex, others: Sequence[SuffixIndex], context: Sequence[int], k: int, factor: float,
             min_prob: float) -> list[int]:
     """Up to ``k`` tokens: the most frequent continuation of the longest matched context (ties: the
-    request's own index, then the lowest token id)."""
+    request's own index, then ``others`` in order, then the lowest token id)."""
     ctx, out, prob, limit = list(context[-local.depth:]), [], 1.0, k
     for _ in range(k):
         n, counts = local.longest(ctx)
-        if shared is not None:
-            n_shared, shared_counts = shared.longest(ctx)
-            if n_shared > n:
-                n, counts = n_shared, shared_counts
+        for other in others:
+            n_other, other_counts = other.longest(ctx)
+            if n_other > n:
+                n, counts = n_other, other_counts
         if not n:
             break
         if not out:
@@ -136,8 +171,9 @@ class SuffixProposer:
     shadow = True  # a lookup: scored while speculation is off (runtime/proposers/__init__.py)
 
     def __init__(self, max_gamma: int, context_depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
-                 cache_tokens: int = 1 << 16):
+                 cache_tokens: int = 1 << 16, corpus: SuffixIndex | None = None):
         self.context_depth, self.factor, self.min_prob = context_depth, factor, min_prob  # longest context matched
+        self.corpus = corpus  # a fixed index every scope draws on (``corpus_index``), or None
         self.max_nodes = max_gamma
         self.cache_tokens = cache_tokens  # bound of each scope's global cache
         self.caches: dict[str | None, SuffixCache] = {}  # cache scope (API key) -> its global cache
@@ -162,7 +198,8 @@ class SuffixProposer:
             state, seq = self.states[row.request.request_id], row.seq
             state.local.add(seq, state.indexed, len(seq))
             state.indexed = len(seq)
-            tokens = propose(state.local, self.cache(state.scope).index, seq, k, self.factor, self.min_prob)
+            others = (self.cache(state.scope).index,) + ((self.corpus,) if self.corpus is not None else ())
+            tokens = propose(state.local, others, seq, k, self.factor, self.min_prob)
             proposed += max(1, len(tokens))
             out.append(Proposal(np.array(tokens, np.int64)))
         if proposed:

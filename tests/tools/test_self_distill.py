@@ -83,3 +83,20 @@ def test_trainers_run_on_cached_features(medusa_trained, tmp_path):
     torch.manual_seed(0)  # the trainer's seed: the same new draft, whose embedding stayed as it was
     fresh = new_draft(load_hf(target), cfg)
     assert torch.equal(fresh.get_input_embeddings().weight, draft["draft"].get_input_embeddings().weight)
+
+
+def test_cli_data_reads_the_chat_template_from_the_engine_dir_and_makes_a_suffix_corpus(build_engine, tmp_path):
+    """`specrt train data` without --target: the engine dir's tokenizer renders the chat tasks, prompts that do not
+    fit the cache are skipped; its train.jsonl is a corpus `specrt serve --suffix-corpus` reads."""
+    from click.testing import CliRunner
+
+    from specrt.runtime.proposers.suffix import read_corpus
+    from specrt.tools.cli import cli
+
+    engine = build_engine("llama_256", dict(arch="llama", seed=0, scale=30.0), max_len=256)
+    res = CliRunner().invoke(cli, ["train", "data", "--engine", str(engine), "--out", str(tmp_path / "d"),
+                                   "--code-prompts", "2", "--samples", "0", "--max-new-tokens", "3",
+                                   "--max-batch", "8"])
+    assert res.exit_code == 0, res.output
+    texts = read_corpus(tmp_path / "d" / "train.jsonl")
+    assert len(texts) >= 2 and all(isinstance(t, str) and t for t in texts)

@@ -11,7 +11,8 @@ from specrt.tools.bench.serve_peers_report import goals, markdown, same_as_plain
 @pytest.mark.parametrize("argv, message", [
     (["--clients", "0"], "positive integer"), (["--rounds", "x"], "positive integer"),
     (["--engine", "int4"], "PRECISION=DIR"), (["--engine", "int3=/x"], "precision must be one of"),
-    (["--precisions", "int3"], "invalid choice"), (["--draft-gguf", "/no/such.gguf"], "no such file")])
+    (["--precisions", "int3"], "invalid choice"), (["--draft-gguf", "/no/such.gguf"], "no such file"),
+    (["--suffix-corpus", "/no/such.jsonl"], "no such file")])
 def test_bad_arguments_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         serve_peers.parse_args(argv)
@@ -21,6 +22,18 @@ def test_bad_arguments_are_usage_errors(argv, message, capsys):
 def test_smoke_is_one_round_one_client_two_short_prompts():
     a = serve_peers.parse_args(["--smoke", "--engine", "int4=/e"])
     assert (a.rounds, a.clients, a.prompts, a.max_tokens, a.engine) == (1, [1], 2, 16, {"int4": "/e"})
+
+
+def test_a_suffix_corpus_adds_a_specrt_unit_serving_suffix_with_it(tmp_path):
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text('{"text": "def f(): pass"}\n')
+    a = serve_peers.parse_args(["--suffix-corpus", str(corpus)])
+    assert a.specrt_methods == ["none", "ngram", "suffix", "suffix+corpus"]
+    unit = serve_peers.Unit("specrt", "int4", "suffix+corpus", "int4", tmp_path)
+    argv = serve_peers.server_argv(a, unit, 8000, 4, 8192)
+    assert argv[argv.index("--method") + 1] == "suffix" and argv[argv.index("--suffix-corpus") + 1] == str(corpus)
+    plain = serve_peers.server_argv(a, serve_peers.Unit("specrt", "int4", "suffix", "int4", tmp_path), 8000, 4, 8192)
+    assert "--suffix-corpus" not in plain
 
 
 def test_missing_llama_server_is_listed_with_how_to_build_it(tmp_path, monkeypatch, capsys):

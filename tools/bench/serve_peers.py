@@ -36,6 +36,7 @@ from . import llama_server as ls
 from .serve_peers_report import markdown, same_as_plain, summary, goals
 
 SPECRT_METHODS = ("none", "ngram", "suffix")
+CORPUS_METHOD = "suffix+corpus"  # with --suffix-corpus: `specrt serve --method suffix --suffix-corpus FILE`
 TASKS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -189,9 +190,10 @@ def server_argv(a, unit: Unit, port: int, clients: int, ctx: int) -> list[str]:
     if unit.system == "llama.cpp":
         return ls.server_argv(a.llama_server, unit.model, port, a.threads, clients, ctx, unit.method, a.draft_gguf,
                               tuple(shlex.split(a.llama_args or "")))
+    corpus = ["--suffix-corpus", str(a.suffix_corpus)] if unit.method == CORPUS_METHOD else []
     return [sys.executable, "-c", "from specrt.tools.cli import main; main()", "serve", str(unit.model),
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(a.threads), "--max-batch", str(clients),
-            "--method", unit.method, "--model-name", "bench", "--log-level", "warning"]
+            "--method", unit.method.split("+")[0], *corpus, "--model-name", "bench", "--log-level", "warning"]
 
 
 def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
@@ -328,6 +330,8 @@ def parse_args(argv) -> argparse.Namespace:
                     choices=[*SPECRT_METHODS, "draft"], help="draft: needs an --engine with a draft graph")
     ap.add_argument("--llama-spec-types", nargs="+", default=list(ls.SPEC_TYPES),
                     help="llama-server --spec-type values (see its --help), e.g. ngram-map-k ngram-cache")
+    ap.add_argument("--suffix-corpus", type=Path,
+                    help=f"a corpus for specrt's suffix decoding (`specrt train data`'s train.jsonl): adds {CORPUS_METHOD}")
     ap.add_argument("--draft-gguf", help="a draft model GGUF: adds llama-server's draft-simple")
     ap.add_argument("--llama-server", help="the llama-server binary (default: $PATH, then a known build dir)")
     ap.add_argument("--llama-quantize", help="the llama-quantize binary (default: beside llama-server)")
@@ -345,6 +349,10 @@ def parse_args(argv) -> argparse.Namespace:
         ap.error(f"--engine: precision must be one of {', '.join(ls.LLAMA_TYPES)}")
     if a.smoke:
         a.rounds, a.clients, a.prompts, a.max_tokens = 1, [1], 2, 16
+    if a.suffix_corpus:
+        if not a.suffix_corpus.is_file():
+            ap.error(f"--suffix-corpus {a.suffix_corpus}: no such file")
+        a.specrt_methods = [*a.specrt_methods, CORPUS_METHOD]
     if a.draft_gguf:
         if not Path(a.draft_gguf).is_file():
             ap.error(f"--draft-gguf {a.draft_gguf}: no such file")
@@ -397,7 +405,8 @@ def meta(a, argv) -> dict:
             "llama_server": ls.version(a.llama_server) if a.llama_server else None,
             "llama_build": ls.build_options(a.llama_server) if a.llama_server else None, "threads": a.threads,
             "clients": a.clients, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": a.max_tokens,
-            "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args}
+            "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args,
+            "suffix_corpus": str(a.suffix_corpus) if a.suffix_corpus else None}
 
 
 if __name__ == "__main__":

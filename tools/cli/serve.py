@@ -27,6 +27,9 @@ from ...runtime.methods import METHODS
 @click.option("--prefix-cache-mb", default=512.0, show_default=True, type=click.FloatRange(0),
               help="Host memory for copies of the KV caches the prefix cache's slots give up (with every slot busy, "
                    "a repeated prompt still hits); least recently used first out; 0 = slots only.")
+@click.option("--suffix-corpus", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Method suffix: also propose from this corpus of the model's earlier text (.jsonl of {\"text\"}, "
+                   "e.g. `specrt train data`'s train.jsonl, or a text file), shared by every API key.")
 @click.option("--api-key", multiple=True, envvar="SPECRT_API_KEY",
               help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable: any of the keys; or set "
                    "SPECRT_API_KEY, keys separated by spaces). Suffix decoding's cache of earlier outputs is kept "
@@ -71,8 +74,8 @@ from ...runtime.methods import METHODS
                    "slower gets HTTP 400.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, prefix_cache_mb, api_key,
-          model_name, threads, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
+def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, prefix_cache_mb, suffix_corpus,
+          api_key, model_name, threads, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
           body_timeout, max_header_bytes, drain_timeout, grammar_timeout,
           allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -96,7 +99,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
         batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache,
-                         prefix_cache_mb=prefix_cache_mb)),
+                         prefix_cache_mb=prefix_cache_mb, suffix_corpus=suffix_corpus)),
         backend=backend, threads=threads, device=device)
     if use_ray:
         return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica, drain_timeout)

@@ -158,8 +158,9 @@ def draft(target, data, heldout, out, layers, hidden, attention_heads, init, fre
 @train.command()
 @click.option("--engine", required=True, type=click.Path(exists=True, file_okay=False),
               help="Engine dir of the target: it writes the continuations (specrt runtime, method none).")
-@click.option("--target", required=True, type=click.Path(exists=True, file_okay=False),
-              help="The target's HF dir (its chat template renders the chat prompts).")
+@click.option("--target", default=None, type=click.Path(exists=True, file_okay=False),
+              help="The target's HF dir (its chat template renders the chat prompts). Default: the engine dir's "
+                   "tokenizer.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Dir for train.jsonl / heldout.jsonl.")
 @click.option("--code-prompts", default=240, show_default=True, type=click.IntRange(0),
               help="Stdlib function prompts (signature + docstring) to continue; 16 more from held-out files.")
@@ -171,13 +172,24 @@ def draft(target, data, heldout, out, layers, hidden, attention_heads, init, fre
 @click.option("--threads", default=None, type=click.IntRange(1))
 def data(engine, target, out, code_prompts, max_new_tokens, samples, temperature, max_batch, threads):
     """Self-distillation data: the target continues stdlib function prompts and chat tasks (no benchmark
-    prompts); JSONL {"text"} for --data / --heldout of the trainers."""
+    prompts); JSONL {"text"} for --data / --heldout of the trainers, and a corpus for `specrt serve
+    --suffix-corpus OUT/train.jsonl`."""
     try:
+        from ...engines import EngineError
+        from ...engines.manifest import load_manifest
         from ..train.self_distill import make_data
     except ImportError as e:
         raise click.ClickException(f"needs the runtime and tokenizers: pip install 'specrt[export]' ({e})")
-    summary = make_data(engine, target, out, code_prompts_n=code_prompts, max_new_tokens=max_new_tokens,
-                        samples=samples, temperature=temperature, max_batch=max_batch, threads=threads,
-                        log=click.echo)
+    if target is None:
+        try:
+            target = load_manifest(engine).tokenizer_dir
+        except EngineError as e:
+            raise click.ClickException(str(e))
+    try:
+        summary = make_data(engine, target, out, code_prompts_n=code_prompts, max_new_tokens=max_new_tokens,
+                            samples=samples, temperature=temperature, max_batch=max_batch, threads=threads,
+                            log=click.echo)
+    except (EngineError, ValueError) as e:
+        raise click.ClickException(str(e))
     click.echo(f"{out}: train {summary['train']['documents']} documents / {summary['train']['tokens']} tokens, "
                f"held-out {summary['heldout']['documents']} / {summary['heldout']['tokens']}")

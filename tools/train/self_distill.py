@@ -139,7 +139,8 @@ def code_prompts(train_n: int, held_n: int, seed: int = 0) -> list[Prompt]:
 
 def continue_prompts(engine_dir, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
                      max_batch: int = 8, threads: int | None = None, log=print) -> list[str]:
-    """The target's continuation of every prompt (text), decoded ``max_batch`` at a time by one decode core.
+    """The target's continuation of every prompt (text), decoded ``max_batch`` at a time by one decode core;
+    None for a prompt that leaves no room for ``max_new_tokens`` in the engine's cache (skipped, and logged).
 
     >>> continue_prompts("tools/demo_models_engine", ["def f(x):"], 8)  # doctest: +SKIP
     ['\\n    return x + 1\\n']
@@ -150,28 +151,33 @@ def continue_prompts(engine_dir, prompts: list[str], max_new_tokens: int, temper
 
     rt = Runtime.load(engine_dir, **({"threads": threads} if threads else {}))
     core = rt.new_core(CoreConfig(max_batch=max_batch, method="none", gamma=0, calibrate=False))
+    room = rt.manifest.max_len - max_new_tokens
+    encoded = (e.ids for e in rt.tokenizer.encode_batch(prompts, add_special_tokens=False))  # as Runtime.encode
+    pending = [(i, ids) for i, ids in enumerate(encoded) if len(ids) <= room]
+    if len(pending) < len(prompts):
+        log(f"  skipping {len(prompts) - len(pending)} prompts: with {max_new_tokens} new tokens they exceed the "
+            f"engine's max_len {rt.manifest.max_len}")
     texts: dict[str, str] = {}
-    pending = list(enumerate(prompts))
-    t0, tokens = time.time(), 0
+    todo, t0, tokens = len(pending), time.time(), 0
 
     def finished(update) -> None:
         nonlocal tokens
         texts[update.request_id] = update.text
         tokens += len(update.token_ids)
-        if len(texts) % 16 == 0 or len(texts) == len(prompts):
-            log(f"  {len(texts)}/{len(prompts)} continuations, {tokens} tokens, {tokens / (time.time() - t0):.0f} tok/s")
+        if len(texts) % 16 == 0 or len(texts) == todo:
+            log(f"  {len(texts)}/{todo} continuations, {tokens} tokens, {tokens / (time.time() - t0):.0f} tok/s")
 
     while pending or core.rows:
         while pending and core.free_slots:
-            i, text = pending.pop(0)
+            i, ids = pending.pop(0)
             params = SamplingParams(temperature=temperature, seed=seed + i, max_new_tokens=max_new_tokens)
-            update = core.add(SequenceRequest(str(i), rt.encode(text), params))
+            update = core.add(SequenceRequest(str(i), ids, params))
             if update.finish_reason:
                 finished(update)
         for update in core.step()[0]:
             if update.finish_reason:
                 finished(update)
-    return [texts[str(i)] for i in range(len(prompts))]
+    return [texts.get(str(i)) for i in range(len(prompts))]
 
 
 def make_data(engine_dir, target_dir, out, code_prompts_n: int = 240, held_code: int = 16, max_new_tokens: int = 192,
@@ -193,6 +199,8 @@ def make_data(engine_dir, target_dir, out, code_prompts_n: int = 240, held_code:
         seeds = seed + 1000 * len(records)
         for p, text in zip(batch, continue_prompts(engine_dir, [p.text for p in batch], max_new_tokens, temp, seeds,
                                                     max_batch, threads, log)):
+            if text is None:  # the prompt does not fit the engine's cache
+                continue
             records.append({"text": p.text + text, "prompt": p.text, "kind": p.kind, "split": p.split,
                             "source": p.source, "temperature": temp})
     return write_records(out, records, engine_dir, time.time() - t0, target_dir)

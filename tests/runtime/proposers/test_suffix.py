@@ -48,17 +48,17 @@ def test_the_docstrings_worked_example():
     shared, local = SuffixIndex(3), SuffixIndex(3)
     shared.add([7, 1, 2, 3, 4], 0, 5)
     local.add([9, 1, 2], 0, 3)
-    assert propose(local, shared, [9, 1, 2], k=4, factor=1.0, min_prob=0.1) == [3, 4]
-    assert propose(local, shared, [9, 1, 2], k=4, factor=0.5, min_prob=0.1) == [3]  # length follows the match
-    assert propose(local, None, [9, 1, 2], k=4, factor=1.0, min_prob=0.1) == []
+    assert propose(local, [shared], [9, 1, 2], k=4, factor=1.0, min_prob=0.1) == [3, 4]
+    assert propose(local, [shared], [9, 1, 2], k=4, factor=0.5, min_prob=0.1) == [3]  # length follows the match
+    assert propose(local, [], [9, 1, 2], k=4, factor=1.0, min_prob=0.1) == []
 
 
 def test_most_frequent_continuation_and_the_probability_floor():
     idx = SuffixIndex(4)
     for tail in ([5, 6], [5, 6], [5, 7], [8, 6]):
         idx.add([1, 2, *tail], 0, 4)
-    assert propose(idx, None, [1, 2], k=3, factor=2.0, min_prob=0.1) == [5, 6]  # 5 (3 of 4), then 6 (2 of 3)
-    assert propose(idx, None, [1, 2], k=3, factor=2.0, min_prob=0.6) == [5]  # 0.75 * 0.67 = 0.5 < 0.6
+    assert propose(idx, [], [1, 2], k=3, factor=2.0, min_prob=0.1) == [5, 6]  # 5 (3 of 4), then 6 (2 of 3)
+    assert propose(idx, [], [1, 2], k=3, factor=2.0, min_prob=0.6) == [5]  # 0.75 * 0.67 = 0.5 < 0.6
 
 
 def test_global_cache_is_bounded_and_evicts_the_oldest():
@@ -118,3 +118,68 @@ def test_batched_suffix_rows_equal_batch1_greedy(engine):
     rt = specrt.load(engine)
     prompts = [PROMPT, PROMPT[:5] * 2, [2, 7, 1, 8, 2, 8]]
     assert_batched_rows_equal_batch1(rt, "suffix", prompts, [12, 7, 10], gamma=3)
+
+
+def test_a_corpus_proposes_for_every_scope_and_output_is_unchanged(engine):
+    """A fixed corpus holding the request's own continuation: the first request of any scope drafts from it,
+    and greedy output is plain greedy output."""
+    from specrt.runtime.core import CoreConfig, SequenceRequest
+    from specrt.runtime.proposers.suffix import SuffixProposer, corpus_index
+    from specrt.runtime.sampling import SamplingParams
+
+    rt = specrt.load(engine)
+    prompt = [3, 1, 4, 1, 5]
+    plain = rt.generate(prompt, max_new_tokens=24, method="none").token_ids
+    corpus = corpus_index([prompt + plain])
+
+    def first_request(proposer, scope: str):
+        core = rt.new_core(CoreConfig(max_batch=1, method="suffix", gamma=3, calibrate=False), proposer=proposer)
+        update = core.add(SequenceRequest("r", prompt, SamplingParams(max_new_tokens=24), scope))
+        while not update.finish_reason:
+            update = core.step()[0][0]
+        return update
+
+    without = first_request(SuffixProposer(3), "key-0")
+    for scope in ("key-0", "key-1"):
+        with_corpus = first_request(SuffixProposer(3, corpus=corpus), scope)
+        assert with_corpus.token_ids == without.token_ids == plain
+        assert with_corpus.stats["accepted"] > without.stats["accepted"]
+
+
+def test_corpus_files_read_as_jsonl_records_or_whole_text(tmp_path, engine):
+    from specrt.runtime.core import CoreConfig
+    from specrt.runtime.proposers.suffix import corpus_index, read_corpus
+
+    (tmp_path / "c.jsonl").write_text('{"text": "abc"}\n\n{"text": "bcd", "kind": "code"}\n')
+    (tmp_path / "c.txt").write_text("line one\nline two\n")
+    assert read_corpus(tmp_path / "c.jsonl") == ["abc", "bcd"]
+    assert read_corpus(tmp_path / "c.txt") == ["line one\nline two\n"]
+    rt = specrt.load(engine)
+    core = rt.new_core(CoreConfig(max_batch=1, method="suffix", calibrate=False, suffix_corpus=str(tmp_path / "c.jsonl")))
+    expected = corpus_index(rt.tokenizer.encode(t).ids for t in ("abc", "bcd"))
+    assert core.proposer.corpus.next == expected.next
+    assert rt.suffix_corpus(tmp_path / "c.jsonl") is core.proposer.corpus  # read once per Runtime
+
+
+@pytest.mark.parametrize("content, error", [('{"text": "a"}\n[1, 2]\n', "line 2"), ('{"text": 3}\n', "line 1"),
+                                            ("", None)])
+def test_bad_corpus_files_are_clear_errors(tmp_path, content, error):
+    from specrt.runtime.proposers.suffix import read_corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text(content)
+    if error is None:
+        assert read_corpus(path) == []
+        return
+    with pytest.raises(ValueError, match=f"{path}.*{error}"):
+        read_corpus(path)
+    with pytest.raises(ValueError, match="cannot read"):
+        read_corpus(tmp_path / "missing.jsonl")
+
+
+def test_a_corpus_needs_method_suffix(engine, tmp_path):
+    from specrt.runtime.core import CoreConfig
+    from specrt.runtime.sampling import SamplingError
+
+    with pytest.raises(SamplingError, match="suffix corpus is for method 'suffix'"):
+        specrt.load(engine).new_core(CoreConfig(max_batch=1, method="ngram", suffix_corpus=str(tmp_path / "c.txt")))

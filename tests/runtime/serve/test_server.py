@@ -435,6 +435,20 @@ def test_cli_serve_refuses_a_method_the_engine_dir_lacks(llama_engine):
     assert res.exit_code != 0 and "a key must be non-empty" in res.output
 
 
+def test_cli_serve_refuses_a_bad_suffix_corpus(llama_engine, tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.tools.cli import cli
+
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"text": "ab"}\nnot json\n')
+    for args, message in (([bad], "line 2: not a JSON object"), ([tmp_path / "none.jsonl"], "does not exist"),
+                          ([bad, "--method", "ngram"], "suffix corpus is for method 'suffix'")):
+        res = CliRunner().invoke(cli, ["serve", str(llama_engine), "--method", "suffix", "--suffix-corpus",
+                                       *map(str, args)])
+        assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output, res.output
+
+
 def test_limits_content_type_and_the_tokenizer_endpoints(start_server, ref):
     srv = start_server(batch=CoreConfig(max_batch=2, method="none"), max_body_bytes=2000, max_prompt_tokens=20)
     url, good = srv.url, {"model": MODEL, "prompt": "hello", "max_tokens": 2}
