@@ -20,6 +20,8 @@ only at batch 1: export/batched_graph.py derives the graph's batched twin for ca
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
@@ -97,6 +99,14 @@ class _Graph:
             y = self.node("Add", [y, self.weight(name + ".bias", module.bias)], [out])
         return y
 
+    def packed_linear(self, x: str, modules: list, name: str) -> str:
+        """x @ [W_1; W_2; ...].T (+ [b_1; b_2; ...]): nn.Linears of one input as ONE MatMul (one kernel call),
+        their outputs side by side along the last axis."""
+        biases = [m.bias for m in modules]
+        packed = SimpleNamespace(weight=torch.cat([m.weight for m in modules]),
+                                 bias=None if biases[0] is None else torch.cat(biases))
+        return self.linear(x, packed, name, name)
+
 
 def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers=None):
     """The fused graph of a Llama-family HF model as an ``onnx.ModelProto`` (see the module docstring);
@@ -128,11 +138,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
             normed = g.node("SkipSimplifiedLayerNormalization", [resid, branch, ln1], [f"l{i}.n1", "", "", f"l{i}.r1"],
                             ms=True, epsilon=eps)
             resid = layer_inputs[i] = f"l{i}.r1"
-        packed = torch.nn.Linear(1, 1)  # q, k and v as one projection
-        packed.weight = torch.nn.Parameter(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        packed.bias = (None if attn.q_proj.bias is None else
-                       torch.nn.Parameter(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])))
-        qkv = g.linear(normed, packed, f"l{i}.qkv", f"l{i}.qkv")
+        qkv = g.packed_linear(normed, [attn.q_proj, attn.k_proj, attn.v_proj], f"l{i}.qkv")
         att = g.node("GroupQueryAttention",
                      [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
                       "cos_cache", "sin_cache", "position_ids", masks[windows[i]]],
@@ -144,11 +150,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
                         [resid, o, g.weight(f"l{i}.ln2", layer.post_attention_layernorm.weight)],
                         [f"l{i}.n2", "", "", f"l{i}.r2"], ms=True, epsilon=eps)
         resid = f"l{i}.r2"
-        packed = torch.nn.Linear(1, 1)  # gate and up as one projection, split in halves (one kernel call, not two)
-        packed.weight = torch.nn.Parameter(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-        packed.bias = (None if mlp.gate_proj.bias is None else
-                       torch.nn.Parameter(torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])))
-        gate_up = g.linear(normed, packed, f"l{i}.gate_up", f"l{i}.gate_up")
+        gate_up = g.packed_linear(normed, [mlp.gate_proj, mlp.up_proj], f"l{i}.gate_up")  # split in halves below
         halves = g.const("gate_up/split", np.array([mlp.gate_proj.out_features] * 2, np.int64))
         gate, up = g.node("Split", [gate_up, halves], [f"l{i}.gate", f"l{i}.up"], axis=-1), f"l{i}.up"
         silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], [f"l{i}.sig"])], [f"l{i}.silu"])

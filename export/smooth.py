@@ -96,17 +96,15 @@ def _fold_plan(g: _Graph, x: str, users: list):
 def _columns_fold(g: _Graph, x: str):
     """s -> s dividing the weight columns (and bias) that compute ``x``: a MatMul's output [+ Add bias], or one
     half of one split in two along the last axis (fused graphs' packed gate|up); None for anything else."""
-    node, part = g.producer.get(x), slice(None)
+    node, half = g.producer.get(x), None
     if node is not None and node.op_type == "Split" and len(node.output) == 2 and halves(g, node) \
             and any(a.name == "axis" and a.i == -1 for a in node.attribute):
-        part = slice(0, 1) if x == node.output[0] else slice(1, 2)  # halves, read below once the width is known
-        x = node.input[0]
+        half, x = list(node.output).index(x), node.input[0]  # 0: the first half of the columns, 1: the second
     node, bias = _weight_matmul(g, x)
     if node is None:
         return None
     width = g.inits[node.input[1]].dims[1]
-    if part != slice(None):
-        part = slice(part.start * width // 2, part.stop * width // 2)
+    part = slice(None) if half is None else slice(half * width // 2, (half + 1) * width // 2)
 
     def fold(s):
         for name in (node.input[1], bias):

@@ -199,7 +199,7 @@ class Runtime:
 
         key = str(Path(path).resolve())
         if key not in self._corpora:
-            self._corpora[key] = corpus_index(self.tokenizer.encode(t).ids for t in read_corpus(Path(path)))
+            self._corpora[key] = corpus_index(self.encode_texts(read_corpus(Path(path))))
         return self._corpora[key]
 
     def proposer(self, method: str, max_batch: int, draft=None, corpus: str | None = None):
@@ -346,6 +346,11 @@ class Runtime:
         generation = Generation(logprobs=params.logprobs is not None)
         generation.events = self._events(core, request, generation)
         return generation
+
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text as ``encode`` makes a prompt's (no special tokens added; ``encode_batch``), with
+        no length check: corpora, data a caller sorts by length."""
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
     def encode(self, prompt) -> list[int]:
         """Token ids of a prompt (text, or ids checked against the vocabulary). Text goes through

@@ -190,10 +190,11 @@ def server_argv(a, unit: Unit, port: int, clients: int, ctx: int) -> list[str]:
     if unit.system == "llama.cpp":
         return ls.server_argv(a.llama_server, unit.model, port, a.threads, clients, ctx, unit.method, a.draft_gguf,
                               tuple(shlex.split(a.llama_args or "")))
-    corpus = ["--suffix-corpus", str(a.suffix_corpus)] if unit.method == CORPUS_METHOD else []
+    method = ["--method", "suffix", "--suffix-corpus", str(a.suffix_corpus)] if unit.method == CORPUS_METHOD \
+        else ["--method", unit.method]
     return [sys.executable, "-c", "from specrt.tools.cli import main; main()", "serve", str(unit.model),
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(a.threads), "--max-batch", str(clients),
-            "--method", unit.method.split("+")[0], *corpus, "--model-name", "bench", "--log-level", "warning"]
+            *method, "--model-name", "bench", "--log-level", "warning"]
 
 
 def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:

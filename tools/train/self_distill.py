@@ -138,7 +138,7 @@ def code_prompts(train_n: int, held_n: int, seed: int = 0) -> list[Prompt]:
 
 
 def continue_prompts(engine_dir, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
-                     max_batch: int = 8, threads: int | None = None, log=print) -> list[str]:
+                     max_batch: int = 8, threads: int | None = None, log=print) -> list[str | None]:
     """The target's continuation of every prompt (text), decoded ``max_batch`` at a time by one decode core;
     None for a prompt that leaves no room for ``max_new_tokens`` in the engine's cache (skipped, and logged).
 
@@ -152,8 +152,7 @@ def continue_prompts(engine_dir, prompts: list[str], max_new_tokens: int, temper
     rt = Runtime.load(engine_dir, **({"threads": threads} if threads else {}))
     core = rt.new_core(CoreConfig(max_batch=max_batch, method="none", gamma=0, calibrate=False))
     room = rt.manifest.max_len - max_new_tokens
-    encoded = (e.ids for e in rt.tokenizer.encode_batch(prompts, add_special_tokens=False))  # as Runtime.encode
-    pending = [(i, ids) for i, ids in enumerate(encoded) if len(ids) <= room]
+    pending = [(i, ids) for i, ids in enumerate(rt.encode_texts(prompts)) if len(ids) <= room]
     if len(pending) < len(prompts):
         log(f"  skipping {len(prompts) - len(pending)} prompts: with {max_new_tokens} new tokens they exceed the "
             f"engine's max_len {rt.manifest.max_len}")

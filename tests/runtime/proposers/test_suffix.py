@@ -156,7 +156,7 @@ def test_corpus_files_read_as_jsonl_records_or_whole_text(tmp_path, engine):
     assert read_corpus(tmp_path / "c.txt") == ["line one\nline two\n"]
     rt = specrt.load(engine)
     core = rt.new_core(CoreConfig(max_batch=1, method="suffix", calibrate=False, suffix_corpus=str(tmp_path / "c.jsonl")))
-    expected = corpus_index(rt.tokenizer.encode(t).ids for t in ("abc", "bcd"))
+    expected = corpus_index(rt.tokenizer.encode(t, add_special_tokens=False).ids for t in ("abc", "bcd"))
     assert core.proposer.corpus.next == expected.next
     assert rt.suffix_corpus(tmp_path / "c.jsonl") is core.proposer.corpus  # read once per Runtime
 
