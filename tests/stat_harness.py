@@ -96,10 +96,16 @@ def run_trials(rt, prompt, trials: int, vocab: int, **gen) -> tuple[np.ndarray, 
 
 
 def run_trials_batched(rt, prompt, trials: int, vocab: int, method: str, max_batch: int = 4, gamma=None,
-                       **sampling) -> tuple[np.ndarray, dict]:
+                       curve=None, **sampling) -> tuple[np.ndarray, dict]:
     """``run_trials`` through ONE batched decode core: the trial rows share target passes with filler rows
-    of a longer prompt (other lengths, other proposals, padding), every row with its own seed."""
-    core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma))
+    of a longer prompt (other lengths, other proposals, padding), every row with its own seed. ``curve``:
+    seconds of a pass over n positions the policy prices steps with, instead of timing passes."""
+    core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma, calibrate=curve is None))
+    if curve is not None:
+        core.policy.target_curve.points.clear()
+        for n in range(1, 8 * max_batch * (rt.gamma_max + 1)):
+            core.policy.target_curve.record(n, curve(n))
+        core.policy.target_curve.record = lambda n, seconds: None  # frozen: the real passes do not blend in
     requests = []
     for seed in range(trials):
         requests.append(SequenceRequest(f"t{seed}", prompt, SamplingParams(max_new_tokens=3, seed=seed, **sampling)))

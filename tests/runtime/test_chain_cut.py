@@ -13,6 +13,8 @@ from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.proposers import EMPTY, NoProposer, Proposal
 from specrt.runtime.sampling import SamplingParams
 from reference import requests_for, run_all
+from stat_harness import P_MIN, exact_joint, p_values, run_trials_batched
+from specrt.export.hf_checkpoint import load_hf
 
 
 def linear(n: int) -> float:
@@ -94,3 +96,33 @@ def test_greedy_rows_under_a_steep_curve_equal_plain(rt, method):
     for i, p in enumerate(prompts):
         assert done[f"r{i}"][0] == rt.generate(p, max_new_tokens=20, method="none").token_ids
     assert any(cut)  # the cut ran
+
+
+V = 16
+TARGET = dict(arch="llama", vocab_size=V, seed=0, scale=10.0, eos_token_id=None)
+WEAK_DRAFT = dict(arch="llama", vocab_size=V, seed=1, hidden=16, layers=1, scale=10.0, eos_token_id=None)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_sampled_rows_with_cut_chains_follow_the_target(build_engine, monkeypatch, method):
+    """Temperature 1 through one batched core under the policy and a steep curve, so passes cut their
+    chains: the emitted tokens follow the target's joint distribution."""
+    from specrt.runtime.core import DecodeCore
+
+    cut, core_cut = [], DecodeCore._cut
+
+    def counted(self, rows, proposals, decisions):
+        out = core_cut(self, rows, proposals, decisions)
+        cut.append(sum(len(p.tokens) for p in out[0]) < sum(len(p.tokens) for p in proposals))
+        return out
+
+    monkeypatch.setattr(DecodeCore, "_cut", counted)
+    engine = build_engine("exact_weak", TARGET, WEAK_DRAFT, gamma=3, max_len=32)  # (shared with test_exactness)
+    rt, base, sampling = specrt.load(engine), [3, 1, 4, 1, 5], dict(temperature=1.0)
+    cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
+    prompt = base + cont + base + cont[:1]  # lookups find proposals (as in test_exactness)
+    counts, totals = run_trials_batched(rt, prompt, 2500, V, method, curve=lambda n: 0.010 + 0.0002 * max(0, n - 4),
+                                        **sampling)
+    pv = p_values(counts, exact_joint(load_hf(engine.parent / "target"), prompt, sampling, V))
+    assert min(pv.values()) > P_MIN, pv
+    assert totals["proposed"] > 0 and sum(cut) > 0, (totals, sum(cut), len(cut))
