@@ -1,6 +1,7 @@
 """ONNX Runtime backend: CPU execution provider by default, any installed provider on request."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,10 @@ class OrtEngine:
     True or None: ORT's own default (spin ~1M pause instructions, ~16 ms on this CPU); False: never
     spin; "run": spin during a run, stop when it returns.
     profile_prefix: turn on ORT's profiler, writing its trace to ``<prefix>_<date>.json``.
+    attention: "ort" (ONNX Runtime's GroupQueryAttention) or "specrt": the graph's attention nodes run on
+    specrt's CPU kernel (specrt/custom_ops: built on first use; EngineError saying what is missing when it
+    cannot be), in this graph and the sibling graphs opened through ``open``; ``session.specrt_attention``
+    counts a session's nodes on it. Default: $SPECRT_ATTENTION, else "ort".
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -38,7 +43,7 @@ class OrtEngine:
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
                  device: str | None = None, spinning: bool | str | int | None = DEFAULT_SPIN_US,
-                 profile_prefix: str | None = None):
+                 profile_prefix: str | None = None, attention: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -69,18 +74,39 @@ class OrtEngine:
             opts.add_session_config_entry("session.intra_op.spin_duration_us", str(spinning))
         elif spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        provider_options = provider_options or {}
-        with_options = [(p, dict(provider_options.get(p, {}))) for p in providers]
-        try:
-            self.session = ort.InferenceSession(str(path), sess_options=opts, providers=with_options)
-        except Exception as e:  # ORT raises its own Fail/InvalidGraph types
-            raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
+        attention = attention or os.environ.get("SPECRT_ATTENTION") or "ort"
+        if attention not in ATTENTION:
+            raise EngineError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        if attention == "specrt" and providers != ["CPUExecutionProvider"]:
+            raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
+        if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
+            opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        self.options = opts
+        self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]
+        self.attention = attention
+        self._registered: set = set()  # custom op libraries registered in self.options
+        self.session = self.open(path)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.path = path
         gpu = providers[0] in GPU_PROVIDERS
         self.io_binding = gpu if io_binding is None else bool(io_binding)
         self.device_id = device_id
+
+    def open(self, path: Path):
+        """An ``InferenceSession`` of the graph at ``path`` with this engine's options and providers (its
+        sibling graphs open through it too), its attention nodes on specrt's kernel where ``attention`` says so."""
+        import onnxruntime as ort
+
+        model, nodes = str(path), 0
+        if self.attention == "specrt":
+            model, nodes = specrt_attention_model(path, self.options, self._registered)
+        try:
+            session = ort.InferenceSession(model, sess_options=self.options, providers=self.providers)
+        except Exception as e:  # ORT raises its own Fail/InvalidGraph types
+            raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
+        session.specrt_attention = nodes  # attention nodes on specrt's kernel
+        return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if not self.io_binding:
@@ -93,6 +119,32 @@ class OrtEngine:
             binding.bind_output(name, "cuda", self.device_id)
         self.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
+
+
+ATTENTION = ("ort", "specrt")  # who computes a graph's GroupQueryAttention nodes (OrtEngine's ``attention``)
+
+
+def specrt_attention_model(path: Path, opts, registered: set) -> tuple:
+    """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many), the
+    kernel library registered in ``opts`` unless ``registered`` (the libraries already there, updated) has it;
+    (str(path), 0) for a graph without such nodes. Its external weights stay where they are: ``opts`` must name
+    ``path``'s folder (session.model_external_initializers_file_folder_path)."""
+    import onnx
+
+    from ..custom_ops import KernelError, attention_library, use_specrt_attention
+
+    proto = onnx.load(str(path), load_external_data=False)
+    nodes = use_specrt_attention(proto)
+    if not nodes:
+        return str(path), 0
+    try:
+        library = attention_library()
+    except KernelError as e:
+        raise EngineError(str(e)) from None
+    if library not in registered:
+        opts.register_custom_ops_library(str(library))
+        registered.add(library)
+    return proto.SerializeToString(), nodes
 
 
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",

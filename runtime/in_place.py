@@ -29,7 +29,10 @@ one padding query row, so a decode step takes GroupQueryAttention's Q >= 2 path 
 verify pass's row bit for bit (in int8/int4/w8a8 graphs the Q = 1 path's last bits became whole quantization
 steps: greedy speculation departed from plain greedy). The padding row writes its K/V one entry past the
 call's, hence the cache's spare entry per slot (``max_len`` stays the usable length). Several-row calls of
-Q = 1 keep the fused graph (GroupQueryAttention refuses Q > 1 after a past at batch > 1).
+Q = 1 keep the fused graph (GroupQueryAttention refuses Q > 1 after a past at batch > 1). An engine whose
+attention runs on specrt's kernel (``OrtEngine(attention="specrt")``, custom_ops/) skips the padded graph: that
+kernel computes each row the same whatever the call's other rows, so the fused graph's decode steps already
+equal the verify passes' rows.
 
 Prompt chunks run through the prefill graph where the engine dir has one (``prefill_file``,
 export/prefill_graph.py: the padded graph with its MatMulNBits layers on the integer kernel, ~3x faster
@@ -272,7 +275,7 @@ def open_twin(engine: OrtEngine, spec) -> Sibling | None:
 def open_decode(engine: OrtEngine, spec) -> Sibling | None:
     """The padded graph of ``spec`` (its manifest's ``decode_file``), or None: none exported (engine dirs before
     it, drafts), or this onnxruntime cannot load it (a warning says so; single-row calls then run the fused graph)."""
-    if spec.decode_file is None:
+    if spec.decode_file is None or engine.attention == "specrt":  # its rows need no padding (custom_ops/)
         return None
     return open_sibling(engine, spec.decode_file, "padded decode graph",
                         "decode steps run the fused graph (they may differ from verify passes in the last bits)")
@@ -296,10 +299,9 @@ def open_sibling(engine: OrtEngine, file: str, what: str, otherwise: str) -> Sib
         return opened[file]
     path = Path(engine.path).parent / file
     try:
-        session = ort.InferenceSession(str(path), sess_options=engine.session.get_session_options(),
-                                       providers=["CPUExecutionProvider"])
-    except Exception as e:  # ORT's own error types (an onnxruntime before 1.23 has no TensorScatter)
-        warnings.warn(f"{path.name}: ONNX Runtime {ort.__version__} cannot load it ({str(e).splitlines()[0]}); "
+        session = engine.open(path)
+    except EngineError as e:  # ORT's own error, e.g. an onnxruntime before 1.23 has no TensorScatter
+        warnings.warn(f"{path.name}: ONNX Runtime {ort.__version__} cannot load it ({str(e).split(': ', 1)[-1]}); "
                       f"{otherwise}", stacklevel=3)
         return None
     if [i.name for i in session.get_inputs()] != engine.input_names or \

@@ -98,3 +98,15 @@ def eagle_engine(eagle_trained):
     return export_engine(t["target"], t["root"] / "engine", log=lambda *_: None,
                          cfg=ExportConfig(gamma=3, max_len=48, prefill_chunk=16), eagle_dir=t["head"],
                          eagle_tree=EAGLE_TREE)
+
+
+@pytest.fixture(scope="session")
+def specrt_attention() -> str:
+    """"specrt" where specrt's attention kernel builds here (custom_ops/); else the test is skipped, saying why."""
+    from specrt.custom_ops import KernelError, attention_library
+
+    try:
+        attention_library()
+    except KernelError as e:
+        pytest.skip(str(e).splitlines()[0])
+    return "specrt"

@@ -36,3 +36,60 @@ def test_method_greedy_equals_plain(smollm2_rt, code_prompts, chat_prompts, meth
         proposed, accepted = proposed + out.stats["proposed"], accepted + out.stats["accepted"]
     assert flips == 0  # every single-row call runs the padded graph: a decode step IS the verify pass's row
     assert 0 < accepted < proposed  # speculation ran, and proposals were both accepted and rejected
+
+
+@pytest.fixture(scope="module")
+def smollm2_specrt_attention(smollm2_export, specrt_attention):
+    """kind -> the engine loaded with its attention on specrt's kernel (custom_ops/), one per module."""
+    import specrt
+
+    loaded = {}
+
+    def rt(kind: str):
+        if kind not in loaded:
+            loaded[kind] = specrt.load(smollm2_export(kind).engine_dir, attention=specrt_attention)
+        return loaded[kind]
+
+    return rt
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_method_greedy_equals_plain_on_specrt_attention(smollm2_specrt_attention, code_prompts, chat_prompts, method):
+    """The same rule on the int4 engine with specrt's attention kernel, which opens no padded graph: its rows
+    do not depend on the call's other rows, so decode steps still equal the verify passes' rows."""
+    rt = smollm2_specrt_attention("int4")
+    assert rt.runner("target", 1)[0].single is rt.target.engine
+    flips = proposed = 0
+    for name, text in {**code_prompts, **chat_prompts}.items():
+        ids = rt.encode(text)
+        out = rt.generate(ids, max_new_tokens=NEW_TOKENS, method=method, gamma=rt.gamma_max)
+        flips += assert_greedy_choices(out.token_ids, plain_logits(rt, ids, out.token_ids), f"{method} {name}")
+        proposed += out.stats["proposed"]
+    assert flips == 0 and proposed > 0
+
+
+@pytest.mark.parametrize("kind", ["fp32", "int4"])
+def test_specrt_attention_computes_the_same_model(smollm2_rt, smollm2_specrt_attention, code_prompts, kind):
+    """Prompt logits with ONNX Runtime's attention and with specrt's kernel: fp32 equal to float rounding; int4
+    within the bound every graph written beside the fused one is held to (export/batched_graph.BOUNDS: the int8
+    activations round a different summation order differently; measured KL mean 0.005)."""
+    import numpy as np
+
+    from specrt.export.batched_graph import BOUNDS
+
+    for text in list(code_prompts.values())[:2]:
+        logits = []
+        for rt in (smollm2_rt(kind), smollm2_specrt_attention(kind)):
+            ids = rt.encode(text)
+            runner = rt.runner("target", 1)[0]
+            runner.set_length(0, 0)
+            logits.append(runner.forward([0], np.array([ids]), record=False).logits[0].astype(np.float64))
+        ref, got = logits
+        if kind == "fp32":
+            assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max()
+        else:
+            lp = ref - ref.max(-1, keepdims=True)
+            lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
+            lq = got - got.max(-1, keepdims=True)
+            lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+            assert (np.exp(lp) * (lp - lq)).sum(-1).mean() < BOUNDS["kl_mean"]

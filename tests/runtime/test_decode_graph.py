@@ -92,3 +92,21 @@ def test_a_manifest_naming_a_missing_or_misplaced_decode_graph_is_refused(engine
     shutil.copy(engine / "target_decode.onnx", copy / "target_decode.onnx")
     with pytest.raises(EngineError, match="decode_file is for kv_layout in_place graphs only"):
         specrt.load(copy)
+
+
+def test_on_specrt_attention_the_fused_graph_needs_no_pad(engine, specrt_attention):
+    """specrt's kernel computes a row the same whatever else its call holds: decode steps run the fused graph
+    (no padded graph opened) and still equal the verify pass's rows bit for bit; greedy speculation equals
+    plain greedy."""
+    rt = specrt.load(engine, attention=specrt_attention)
+    runner = rt.runner("target", 2)[0]
+    assert runner.single is runner.engine and rt.target.engine.session.specrt_attention > 0
+    steps, verify = steps_and_pass(runner)
+    assert np.array_equal(steps, verify)
+    base = [3, 1, 4, 1, 5]
+    cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
+    prompt = base + cont + base + cont[:1]
+    plain = rt.generate(prompt, max_new_tokens=24, method="none").token_ids
+    for method in ("ngram", "suffix"):
+        out = rt.generate(prompt, max_new_tokens=24, method=method, gamma=rt.gamma_max)
+        assert out.token_ids == plain and out.stats["proposed"] > 0

@@ -193,3 +193,36 @@ def test_ctrl_c_stops_training_with_exit_130_and_a_checkpoint(tmp_path):
         proc.kill()
     assert proc.returncode == 130, out
     assert "interrupted: checkpoint of step" in out and "Traceback" not in out
+
+
+def test_generate_and_serve_on_specrt_attention(runner, llama_fused_engine, specrt_attention, monkeypatch):
+    """--attention specrt: generate runs the graphs' attention on specrt's kernel (greedy speculation still equals
+    plain); serve hands it to the app it builds; the C++ runtime and the torch backend refuse it."""
+    import specrt.runtime.serve.app as app_module
+    from specrt.runtime.serve.app import AppSpec, ServerConfig, build_app
+
+    out = {}
+    for method in ("none", "ngram"):
+        res = runner.invoke(cli, ["generate", str(llama_fused_engine), "--prompt", "hello hello hello",
+                                  "--max-new-tokens", "12", "--method", method, "--attention", specrt_attention,
+                                  "--json"])
+        assert res.exit_code == 0, res.output
+        out[method] = json.loads(res.output)["token_ids"]
+    assert out["ngram"] == out["none"]
+    res = runner.invoke(cli, ["generate", str(llama_fused_engine), "--prompt", "hi", "--attention", "specrt",
+                              "--runtime", "cpp"])
+    assert res.exit_code != 0 and "--attention specrt runs with --backend ort and the python runtime" in res.output
+    seen = {}
+
+    def fake_build_app(spec):
+        seen["spec"] = spec
+        raise ValueError("stop here")  # before uvicorn starts
+
+    monkeypatch.setattr(app_module, "build_app", fake_build_app)
+    res = runner.invoke(cli, ["serve", str(llama_fused_engine), "--attention", "specrt"])
+    assert "stop here" in res.output and seen["spec"].attention == "specrt", res.output
+    monkeypatch.undo()
+    app = build_app(AppSpec(str(llama_fused_engine), ServerConfig(model_name="m"), attention="specrt"))
+    assert app.state.server.runtime.target.engine.session.specrt_attention > 0
+    with pytest.raises(ValueError, match="attention 'specrt' runs with the ort backend"):
+        build_app(AppSpec(str(llama_fused_engine), ServerConfig(model_name="m"), backend="torch", attention="specrt"))

@@ -36,6 +36,17 @@ def test_a_suffix_corpus_adds_a_specrt_unit_serving_suffix_with_it(tmp_path):
     assert "--suffix-corpus" not in plain
 
 
+def test_attention_reaches_every_specrt_server(tmp_path):
+    unit = serve_peers.Unit("specrt", "int4", "none", "int4", tmp_path)
+    for given, expected in (([], "ort"), (["--attention", "specrt"], "specrt")):
+        argv = serve_peers.server_argv(serve_peers.parse_args(given), unit, 8000, 1, 8192)
+        assert argv[argv.index("--attention") + 1] == expected
+    other = serve_peers.Unit("specrt", "int4", "none", "int4", tmp_path, "ort")  # a --compare-attention unit
+    argv = serve_peers.server_argv(serve_peers.parse_args(["--attention", "specrt"]), other, 8000, 1, 8192)
+    assert argv[argv.index("--attention") + 1] == "ort" and argv[argv.index("--method") + 1] == "none"
+    assert other.run_method == "none (ort attention)" and other.label == "specrt int4 none (ort attention)"
+
+
 def test_missing_llama_server_is_listed_with_how_to_build_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECRT_CACHE", str(tmp_path))
     peers.main(["--serve", "--plan", "--llama-server", str(tmp_path / "llama-server")])  # via `specrt bench peers`

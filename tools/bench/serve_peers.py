@@ -49,10 +49,16 @@ class Unit:
     method: str  # specrt --method, or llama-server --spec-type
     weights: str  # what it runs: "int4" / "Q4_0" ...
     model: Path  # the engine dir, or the GGUF file
+    attention: str | None = None  # specrt: serve --attention, where it is not the run's (--compare-attention)
 
     @property
     def label(self) -> str:
-        return f"{self.system} {self.weights} {self.method}"
+        return f"{self.system} {self.weights} {self.run_method}"
+
+    @property
+    def run_method(self) -> str:
+        """The method as the report names it: ``none (ort attention)`` for a --compare-attention unit."""
+        return self.method if self.attention is None else f"{self.method} ({self.attention} attention)"
 
 
 class Server:
@@ -194,7 +200,7 @@ def server_argv(a, unit: Unit, port: int, clients: int, ctx: int) -> list[str]:
         else ["--method", unit.method]
     return [sys.executable, "-c", "from specrt.tools.cli import main; main()", "serve", str(unit.model),
             "--host", "127.0.0.1", "--port", str(port), "--threads", str(a.threads), "--max-batch", str(clients),
-            *method, "--model-name", "bench", "--log-level", "warning"]
+            *method, "--attention", unit.attention or a.attention, "--model-name", "bench", "--log-level", "warning"]
 
 
 def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
@@ -241,7 +247,7 @@ def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
                 start(u)
                 if u.label in failed:
                     continue
-            rec = {"system": u.system, "precision": u.precision, "weights": u.weights, "method": u.method,
+            rec = {"system": u.system, "precision": u.precision, "weights": u.weights, "method": u.run_method,
                    "task": task, "round": rnd, "clients": clients, "ctx": ctx if u.system == "llama.cpp" else None}
             try:
                 rec.update(asyncio.run(batch(servers[u].url, task, payloads[task], clients, a.max_tokens)))
@@ -297,6 +303,8 @@ def resolve(a, log=print) -> tuple[list, dict]:
                     missing[f"specrt {precision} draft"] = f"{engine} has no draft graph (export it with --draft)"
                 else:
                     units.append(Unit("specrt", precision, m, precision, engine))
+            if a.compare_attention and a.compare_attention != a.attention:
+                units.append(Unit("specrt", precision, "none", precision, engine, a.compare_attention))
         if "llama.cpp" not in missing:
             try:
                 model = ls.requantize(quantize, gguf, ls.LLAMA_TYPES[precision], sha)
@@ -333,6 +341,10 @@ def parse_args(argv) -> argparse.Namespace:
                     help="llama-server --spec-type values (see its --help), e.g. ngram-map-k ngram-cache")
     ap.add_argument("--suffix-corpus", type=Path,
                     help=f"a corpus for specrt's suffix decoding (`specrt train data`'s train.jsonl): adds {CORPUS_METHOD}")
+    ap.add_argument("--attention", choices=["ort", "specrt"], default="ort",
+                    help="specrt serve --attention: ONNX Runtime's attention or specrt's kernel (docs/runtime.md)")
+    ap.add_argument("--compare-attention", choices=["ort", "specrt"],
+                    help="also run specrt's plain decoding with this --attention: method 'none (X attention)'")
     ap.add_argument("--draft-gguf", help="a draft model GGUF: adds llama-server's draft-simple")
     ap.add_argument("--llama-server", help="the llama-server binary (default: $PATH, then a known build dir)")
     ap.add_argument("--llama-quantize", help="the llama-quantize binary (default: beside llama-server)")
@@ -407,7 +419,8 @@ def meta(a, argv) -> dict:
             "llama_build": ls.build_options(a.llama_server) if a.llama_server else None, "threads": a.threads,
             "clients": a.clients, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": a.max_tokens,
             "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args,
-            "suffix_corpus": str(a.suffix_corpus) if a.suffix_corpus else None}
+            "suffix_corpus": str(a.suffix_corpus) if a.suffix_corpus else None, "attention": a.attention,
+            "compare_attention": a.compare_attention}
 
 
 if __name__ == "__main__":

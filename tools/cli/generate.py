@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .options import load_runtime, sampling_options, summary_line
+from .options import attention_option, load_runtime, sampling_options, summary_line
 
 
 @click.command()
@@ -25,6 +25,7 @@ from .options import load_runtime, sampling_options, summary_line
 @click.option("--providers", default=None,
               help="ort: execution providers in priority order, comma-separated (cpu, cuda, tensorrt or full names).")
 @click.option("--threads", default=None, type=click.IntRange(1), help="ONNX Runtime intra-op threads (default: ORT's).")
+@attention_option
 @click.option("--runtime", "runtime_kind", default="python", show_default=True, type=click.Choice(["python", "cpp"]),
               help="python: the decode core (every method and option); cpp: the decode loop in libspecrt, the "
                    "fastest batch-1 step on CPU (methods none/draft/ngram/suffix; build it once with "
@@ -32,7 +33,7 @@ from .options import load_runtime, sampling_options, summary_line
 @click.option("--cpp-lib", default=None, type=click.Path(), help="--runtime cpp: libspecrt.so to load "
               "(default: $SPECRT_CPP_BUILD/libspecrt.so, else the repository's build/cpp).")
 def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, device, providers, threads,
-             runtime_kind, cpp_lib, **sampling):
+             attention, runtime_kind, cpp_lib, **sampling):
     """Generate a continuation of --prompt, streaming text, then a one-line summary.
 
     Ctrl-C stops it: the summary of what was produced, exit code 130."""
@@ -40,11 +41,15 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
         raise click.UsageError("give exactly one of --prompt and --prompt-file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
+    if attention != "ort" and (backend != "ort" or runtime_kind == "cpp"):
+        raise click.UsageError("--attention specrt runs with --backend ort and the python runtime")
     text = prompt if prompt is not None else prompt_file.read()
     if runtime_kind == "cpp":
         return generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
                             **sampling)
     options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
+    if attention != "ort":
+        options["attention"] = attention
     if providers:
         options["providers"] = [p.strip() for p in providers.split(",") if p.strip()]
     rt = load_runtime(engine_dir, backend=backend, **options)

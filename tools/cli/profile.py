@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from .options import attention_option
+
 
 def int_list(ctx, param, value: str) -> tuple:
     try:
@@ -76,10 +78,12 @@ def read_prompts(path: str) -> tuple:
 @click.option("--past-len", default=128, show_default=True, type=click.IntRange(0),
               help="Cached tokens during timed decode/verify calls (capped to fit max_len).")
 @click.option("--threads", default=None, type=click.IntRange(1), help="ONNX Runtime intra-op threads.")
+@attention_option
 @click.option("--onnx-profile", is_flag=True, help="Also write ONNX Runtime's per-operator profile of each graph.")
 @click.option("--write-defaults", is_flag=True,
               help="Write the recommended method, γ and max batch into the engine dir's manifest.json.")
-def profile(engine_dir, prompts_file, methods, batches, out, threads, onnx_profile, write_defaults, **settings):
+def profile(engine_dir, prompts_file, methods, batches, out, threads, attention, onnx_profile, write_defaults,
+            **settings):
     """Measure ENGINE_DIR on this machine: latencies, verification cost, α and c per method,
     predicted vs measured speedup, and a recommended method and γ."""
     from rich.console import Console
@@ -92,7 +96,8 @@ def profile(engine_dir, prompts_file, methods, batches, out, threads, onnx_profi
         import matplotlib  # noqa: F401
     except ImportError:
         raise click.ClickException("specrt profile draws its plots with matplotlib: pip install 'specrt[profile]'")
-    rt = load_runtime(engine_dir, **({"threads": threads} if threads else {}))
+    rt = load_runtime(engine_dir, **({"threads": threads} if threads else {}),
+                      **({"attention": attention} if attention != "ort" else {}))
     cfg = ProfileConfig(methods=methods, batches=batches, prompts=read_prompts(prompts_file) if prompts_file else (),
                         **settings)
     console = Console()

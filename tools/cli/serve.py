@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ...runtime.methods import METHODS
+from .options import attention_option
 
 
 @click.command()
@@ -37,6 +38,7 @@ from ...runtime.methods import METHODS
 @click.option("--model-name", default=None, help="Model id clients send in 'model'. Default: the engine dir's name.")
 @click.option("--threads", default=None, type=click.IntRange(1),
               help="ONNX Runtime intra-op threads (default: ORT's choice).")
+@attention_option
 @click.option("--backend", default="ort", show_default=True, type=click.Choice(["ort", "torch"]),
               help="Graph backend: ONNX Runtime, or torch over the engine dir's HF weights (export --torch-weights).")
 @click.option("--device", default=None, type=click.Choice(["cpu", "cuda"]),
@@ -75,7 +77,7 @@ from ...runtime.methods import METHODS
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, prefix_cache_mb, suffix_corpus,
-          api_key, model_name, threads, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
+          api_key, model_name, threads, attention, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
           body_timeout, max_header_bytes, drain_timeout, grammar_timeout,
           allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -100,7 +102,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
         batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache,
                          prefix_cache_mb=prefix_cache_mb, suffix_corpus=suffix_corpus)),
-        backend=backend, threads=threads, device=device)
+        backend=backend, threads=threads, device=device, attention=attention)
     if use_ray:
         return serve_on_ray(spec, replicas, ray_address, host, port, cpus_per_replica, drain_timeout)
     try:

@@ -1,0 +1,118 @@
+"""specrt's own CPU kernels for ONNX Runtime: custom ops in a shared library built from source on first use.
+
+    attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom op
+                               ai.specrt::GroupQueryAttention (attention.cpp)
+    use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
+                               that kernel computes; returns how many
+
+Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
+``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
+library. Why: ONNX Runtime's CPU kernel reads every cached K/V entry once per query head (3x per KV head on
+SmolLM2-135M) and packs it for a GEMM; this one streams each KV head's entries once for all its query rows:
+~2.5x faster at 200 cached tokens, ~3x at 1000 (docs/runtime.md, "Attention kernel"). Every query row is
+computed by the same loops whatever else the call holds, so a decode step equals the same token's row of a
+verify pass bit for bit and the padded decode graph (export/decode_pad.py) is not needed.
+
+Building needs a C++17 compiler (``$CXX`` or g++) and ONNX Runtime's C++ API headers: ``$SPECRT_ORT_INCLUDE``,
+or the ones ``bash runtime/cpp/scripts/fetch_deps.sh`` (and the C++ runtime's CMake build) puts in
+runtime/cpp/third_party/include/onnxruntime. The library lands in ``$SPECRT_CACHE/kernels/<key>/`` (default
+~/.cache/specrt), keyed by the source, the compiler and this CPU's flags (it is built with -march=native).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("attention.cpp")
+DOMAIN = "ai.specrt"
+LIBRARY = "libspecrt_kernels.so"
+FLAGS = ("-O3", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
+# GroupQueryAttention attributes the kernel computes (absent = ONNX Runtime's default, the same values)
+SUPPORTED_ATTRIBUTES = {"num_heads": None, "kv_num_heads": None, "scale": None, "do_rotary": (1,),
+                        "rotary_interleaved": (0,), "local_window_size": (-1,), "softcap": (0.0,),
+                        "smooth_softmax": (0,)}
+
+
+class KernelError(RuntimeError):
+    """specrt's kernels cannot be built or used here; the message says what is missing."""
+
+
+def ort_include() -> Path:
+    """The directory holding onnxruntime_cxx_api.h: $SPECRT_ORT_INCLUDE, else the C++ runtime's fetched copy."""
+    here = Path(__file__).resolve().parent.parent / "runtime" / "cpp" / "third_party" / "include" / "onnxruntime"
+    for d in (os.environ.get("SPECRT_ORT_INCLUDE"), here):
+        if d and (Path(d) / "onnxruntime_cxx_api.h").is_file():
+            return Path(d)
+    raise KernelError("specrt's attention kernel needs ONNX Runtime's C++ headers: run "
+                      "`bash runtime/cpp/scripts/fetch_deps.sh` (or build the C++ runtime), or set SPECRT_ORT_INCLUDE")
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def attention_library(arch: str = "native") -> Path:
+    """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the code without
+    AVX-512), built on first use (~1 s) and cached; KernelError if it cannot be."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise KernelError(f"specrt's attention kernel needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
+    include = ort_include()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    flags = (*FLAGS, f"-march={arch}")
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), cpu_flags(),
+                                    (include / "onnxruntime_c_api.h").read_text()]).encode()).hexdigest()[:12]
+    out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / key / LIBRARY
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # built aside, then renamed: never half a library
+        built = Path(tmp) / LIBRARY
+        r = subprocess.run([compiler, *flags, f"-I{include}", str(SOURCE), "-o", str(built)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise KernelError(f"building specrt's attention kernel failed:\n{r.stderr[-2000:]}")
+        os.replace(built, out)
+    return out
+
+
+def supported(node) -> bool:
+    """Whether the kernel computes this GroupQueryAttention node: packed QKV (no separate key/value inputs),
+    rotary inside from cos/sin caches and position_ids, and only the attributes it implements."""
+    inputs = list(node.input) + [""] * (11 - len(node.input))
+    if inputs[1] or inputs[2] or not all(inputs[i] for i in (0, 3, 4, 5, 6, 7, 8, 9)) or len(node.input) > 11:
+        return False
+    if len(node.output) != 3:
+        return False
+    from onnx import helper
+
+    for a in node.attribute:
+        allowed = SUPPORTED_ATTRIBUTES.get(a.name, ())
+        if allowed is not None and helper.get_attribute_value(a) not in allowed:
+            return False
+    return True
+
+
+def use_specrt_attention(model) -> int:
+    """Rename the domain of ``model``'s GroupQueryAttention nodes the kernel computes to ai.specrt (in place);
+    returns how many. Example: SmolLM2-135M's fused graph -> 30."""
+    from onnx import helper
+
+    n = 0
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and supported(node):
+            node.domain = DOMAIN
+            n += 1
+    if n and not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return n

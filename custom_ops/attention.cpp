@@ -1,0 +1,421 @@
+// specrt's CPU attention kernel: an ONNX Runtime custom op, ai.specrt::GroupQueryAttention, that
+// computes what com.microsoft::GroupQueryAttention computes for the fused graphs specrt exports
+// (packed QKV, rotary inside, K/V written in place into the shared past/present buffer, an additive
+// attention bias, no window, no softcap), reading each KV head's cache ONCE per call.
+//
+// ONNX Runtime's CPU kernel runs one GEMM per query head: with 3 query heads per KV head it reads
+// (and packs) every cached K and V entry 3 times per call, ~110 ns per cached token per layer on
+// SmolLM2-135M; this kernel streams each KV head's entries once for all its query rows.
+//
+// Exactness: each query row is computed by the same loops whatever the call's other rows (its
+// dot products, softmax and weighted sum depend only on its own causal length), so a one-token
+// decode step and the same token's row in a verify pass give bit-identical outputs.
+//
+// Built by custom_ops/__init__.py (one g++ call, -O3 -march=native, cached) and registered in a session
+// with SessionOptions.register_custom_ops_library. Engine dirs keep the standard op: the same module
+// renames, in the session's copy of a graph, the domain of the nodes this kernel computes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+namespace {
+
+constexpr int kLanes = 16;  // the head dimension must be a multiple of this
+
+#if defined(__AVX512F__)
+// 16 sums of 16 lanes each -> one vector of the 16 sums (lane i = the lanes of x[i] added up), by one
+// fixed network of unpacks, shuffles and adds: every sum is added in the same order.
+inline __m512 sum16(__m512 x[16]) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: lanes (0+2, 1+3) of x[2i] and x[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per block: the 4-lane sums of x[4i..4i+3]
+    const __m512d p = _mm512_castps_pd(a[2 * i]), q = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)), _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
+  }
+  for (int i = 0; i < 2; ++i)  // blocks 0+1 and 2+3... of two vectors
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+// scores[t] = q . k(t) for the 16 entries k [16, d] (row-major): each one a 16-lane fused
+// multiply-add chain over d, then sum16.
+inline void dot16(const float* q, const float* k, int d, float* scores) {
+  __m512 acc[16];
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k + t * d));
+  for (int i = kLanes; i < d; i += kLanes) {
+    const __m512 qi = _mm512_loadu_ps(q + i);
+    for (int t = 0; t < 16; ++t) acc[t] = _mm512_fmadd_ps(qi, _mm512_loadu_ps(k + t * d + i), acc[t]);
+  }
+  _mm512_storeu_ps(scores, sum16(acc));
+}
+
+// acc_r = sum over t < len_r of w_r(t) v(t), t ascending, for n <= 16 / NC rows (NC = D / 16): the
+// row sums stay in registers; each element is one fused multiply-add per t, whatever n is.
+template <int NC>
+inline void weighted_sum(float* const* out, const float* const* w, const int64_t* len, int n, const float* v) {
+  constexpr int R = 16 / NC;
+  __m512 acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, len[r]);
+  for (int64_t t = 0; t < longest; ++t) {
+    const float* vt = v + t * NC * kLanes;
+    for (int r = 0; r < R; ++r) {
+      if (r >= n) break;
+      if (t >= len[r]) continue;  // past this row's causal prefix (a verify pass's earlier rows)
+      const __m512 x = _mm512_set1_ps(w[r][t]);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(x, _mm512_loadu_ps(vt + c * kLanes), acc[r][c]);
+    }
+  }
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out[r] + c * kLanes, acc[r][c]);
+}
+// The same sums for any NC in 1..16 (head dims other than 64, 128, 256): identical results, slower.
+inline void weighted_sum_any(int nc, float* const* out, const float* const* w, const int64_t* len, int n,
+                             const float* v) {
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < nc; ++c) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t t = 0; t < len[r]; ++t)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(w[r][t]), _mm512_loadu_ps(v + (t * nc + c) * kLanes), acc);
+      _mm512_storeu_ps(out[r] + c * kLanes, acc);
+    }
+}
+#else
+inline void dot16(const float* q, const float* k, int d, float* scores) {
+  for (int t = 0; t < 16; ++t) {
+    float acc[kLanes];
+    for (int l = 0; l < kLanes; ++l) acc[l] = q[l] * k[t * d + l];
+    for (int i = kLanes; i < d; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(q[i + l], k[t * d + i + l], acc[l]);
+    for (int w = kLanes / 2; w; w /= 2)
+      for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+    scores[t] = acc[0];
+  }
+}
+inline void weighted_sum_any(int nc, float* const* out, const float* const* w, const int64_t* len, int n,
+                             const float* v) {
+  for (int r = 0; r < n; ++r) {
+    float* o = out[r];
+    std::fill(o, o + nc * kLanes, 0.0f);
+    for (int64_t t = 0; t < len[r]; ++t)
+      for (int i = 0; i < nc * kLanes; ++i) o[i] = std::fma(w[r][t], v[t * nc * kLanes + i], o[i]);
+  }
+}
+template <int NC>
+inline void weighted_sum(float* const* out, const float* const* w, const int64_t* len, int n, const float* v) {
+  weighted_sum_any(NC, out, w, len, n, v);
+}
+#endif
+
+// e^x for x <= 0 (softmax after subtracting the max): Cody-Waite range reduction and a degree-6
+// polynomial, ~2 ulp. x below -87 (a masked entry) gives exactly 0.
+inline float exp_neg(float x) {
+  if (x < -87.0f) return 0.0f;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits;
+  float scale;
+  bits = (static_cast<int32_t>(n) + 127) << 23;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Rotate x [d] at position pos in place (non-interleaved halves: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin).
+inline void rotate(float* x, const float* cos, const float* sin, int d) {
+  const int h = d / 2;
+  for (int i = 0; i < h; ++i) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + h] = b * cos[i] + a * sin[i];
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 exp16(__m512 x) {  // exp_neg, 16 lanes
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(e));
+}
+
+// x[0, len) := softmax(x * scale + bias) in place, x[len, padded) := 0 (padded: a multiple of 16).
+// Element-wise steps and 16-lane sums in one fixed order: a row's result depends on its len only.
+inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {
+  __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < padded; t += 16) {
+    const __mmask16 m = len - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(len - t, 0)) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + t) : _mm512_setzero_ps();
+    const __m512 v = _mm512_mask_blend_ps(m, _mm512_set1_ps(-INFINITY), _mm512_fmadd_ps(_mm512_loadu_ps(x + t), _mm512_set1_ps(scale), b));
+    _mm512_storeu_ps(x + t, v);
+    top = _mm512_max_ps(top, v);
+  }
+  const __m512 high = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  for (int64_t t = 0; t < padded; t += 16) {
+    const __mmask16 m = len - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(len - t, 0)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + t), high)));
+    _mm512_storeu_ps(x + t, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int64_t t = 0; t < padded; t += 16) _mm512_storeu_ps(x + t, _mm512_mul_ps(_mm512_loadu_ps(x + t), inv));
+}
+#else
+inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {
+  float top = -INFINITY;
+  for (int64_t t = 0; t < len; ++t) {
+    x[t] = std::fma(x[t], scale, bias ? bias[t] : 0.0f);
+    top = std::max(top, x[t]);
+  }
+  float sum = 0;
+  for (int64_t t = 0; t < len; ++t) {
+    x[t] = exp_neg(x[t] - top);
+    sum += x[t];
+  }
+  for (int64_t t = 0; t < len; ++t) x[t] /= sum;
+  std::fill(x + len, x + padded, 0.0f);
+}
+#endif
+
+struct Shapes {
+  int64_t batch, seq, heads, kv_heads, head_dim, capacity;  // B, S, H, Hkv, D, cache entries per row
+};
+
+// One call's inputs and outputs. Its work: per (row b, KV head g) the new K/V written into the cache
+// (write_entries), then per (b, g, a range of the group's query heads) those heads' query rows attended
+// over their causal prefixes (attend), in parallel.
+struct GroupJob {
+  const Shapes* shape;
+  const float* qkv;       // [B, S, (H + 2 Hkv) D]
+  float* k_cache;         // [B, Hkv, capacity, D]
+  float* v_cache;
+  const int32_t* seqlens; // [B] total entries - 1
+  const float* cos;       // [positions, D / 2]
+  const float* sin;
+  const int64_t* pos;     // [B, S]
+  const float* bias;      // [bias_batch, bias_heads, S, bias_len] or null
+  int64_t bias_batch, bias_heads, bias_len;
+  float scale;
+  float* out;             // [B, S, H D]
+};
+
+void write_entries(const GroupJob& j, int64_t b, int64_t g) {  // row b's new K (rotated) and V at [past, total)
+  const Shapes& sh = *j.shape;
+  const int64_t S = sh.seq, D = sh.head_dim, W = (sh.heads + 2 * sh.kv_heads) * D, half = D / 2;
+  const int64_t past = j.seqlens[b] + 1 - S;
+  float* kc = j.k_cache + (b * sh.kv_heads + g) * sh.capacity * D;
+  float* vc = j.v_cache + (b * sh.kv_heads + g) * sh.capacity * D;
+  for (int64_t s = 0; s < S; ++s) {
+    const float* row = j.qkv + (b * S + s) * W;
+    const int64_t p = j.pos[b * S + s];
+    float* k = kc + (past + s) * D;
+    std::memcpy(k, row + (sh.heads + g) * D, D * sizeof(float));
+    rotate(k, j.cos + p * half, j.sin + p * half, static_cast<int>(D));
+    std::memcpy(vc + (past + s) * D, row + (sh.heads + sh.kv_heads + g) * D, D * sizeof(float));
+  }
+}
+
+// The query rows of heads g * G + [h0, h1) of row b: rotated, scored against the group's cache in blocks of
+// 16 entries, softmax, weighted sum of V. Row (h, s) never depends on the other rows.
+void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std::vector<float>& scratch) {
+  const Shapes& sh = *j.shape;
+  const int64_t S = sh.seq, D = sh.head_dim, G = sh.heads / sh.kv_heads, W = (sh.heads + 2 * sh.kv_heads) * D;
+  const int64_t total = j.seqlens[b] + 1, past = total - S, half = D / 2;
+  const float* kc = j.k_cache + (b * sh.kv_heads + g) * sh.capacity * D;
+  const float* vc = j.v_cache + (b * sh.kv_heads + g) * sh.capacity * D;
+  const int64_t rows = (h1 - h0) * S;
+  const int64_t padded = (total + 15) / 16 * 16;  // scores in blocks of 16 entries, the last one zero-padded
+  scratch.resize(rows * D + rows * padded + rows * D + 16 * D);
+  float* q = scratch.data();             // [rows, D]
+  float* score = q + rows * D;           // [rows, padded]
+  float* acc = score + rows * padded;    // [rows, D]
+  float* tail = acc + rows * D;          // [16, D] the last block's entries, zeros after the cache's
+  for (int64_t h = 0; h < h1 - h0; ++h)
+    for (int64_t s = 0; s < S; ++s) {
+      float* qr = q + (h * S + s) * D;
+      const int64_t p = j.pos[b * S + s];
+      std::memcpy(qr, j.qkv + (b * S + s) * W + (g * G + h0 + h) * D, D * sizeof(float));
+      rotate(qr, j.cos + p * half, j.sin + p * half, static_cast<int>(D));
+    }
+  for (int64_t t0 = 0; t0 < padded; t0 += 16) {  // one pass over K: every row's scores of 16 entries
+    const float* k = kc + t0 * D;
+    if (t0 + 16 > total) {
+      std::fill(tail, tail + 16 * D, 0.0f);
+      std::memcpy(tail, k, (total - t0) * D * sizeof(float));
+      k = tail;
+    }
+    for (int64_t r = 0; r < rows; ++r) dot16(q + r * D, k, static_cast<int>(D), score + r * padded + t0);
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // scale, bias, causal softmax per row
+    const int64_t h = r / S, s = r % S, len = past + s + 1;
+    float* x = score + r * padded;
+    const float* bias = nullptr;
+    if (j.bias) {
+      const int64_t bb = j.bias_batch == 1 ? 0 : b, bh = j.bias_heads == 1 ? 0 : g * G + h0 + h;
+      bias = j.bias + ((bb * j.bias_heads + bh) * S + s) * j.bias_len;
+    }
+    softmax(x, bias, j.scale, len, padded);
+  }
+  const int chunk = static_cast<int>(std::max<int64_t>(1, kLanes / (D / kLanes)));  // rows per pass over V
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int n = static_cast<int>(std::min<int64_t>(chunk, rows - r0));
+    float* out[kLanes];
+    const float* w[kLanes];
+    int64_t len[kLanes];
+    for (int i = 0; i < n; ++i) {
+      out[i] = acc + (r0 + i) * D;
+      w[i] = score + (r0 + i) * padded;
+      len[i] = past + (r0 + i) % S + 1;
+    }
+    switch (D / kLanes) {
+      case 4: weighted_sum<4>(out, w, len, n, vc); break;
+      case 8: weighted_sum<8>(out, w, len, n, vc); break;
+      case 16: weighted_sum<16>(out, w, len, n, vc); break;
+      default: weighted_sum_any(static_cast<int>(D / kLanes), out, w, len, n, vc);
+    }
+  }
+  for (int64_t h = 0; h < h1 - h0; ++h)
+    for (int64_t s = 0; s < S; ++s)
+      std::memcpy(j.out + ((b * S + s) * sh.heads + g * G + h0 + h) * D, acc + (h * S + s) * D, D * sizeof(float));
+}
+
+struct ParallelArgs {
+  const GroupJob* job;
+  int64_t kv_heads, parts, group;  // task i = (b, g, part): part p of the group's query heads
+};
+
+void run_task(void* data, size_t i) {
+  const auto* a = static_cast<const ParallelArgs*>(data);
+  thread_local std::vector<float> scratch;
+  const int64_t task = static_cast<int64_t>(i), part = task % a->parts, bg = task / a->parts;
+  const int64_t h0 = a->group * part / a->parts, h1 = a->group * (part + 1) / a->parts;
+  attend(*a->job, bg / a->kv_heads, bg % a->kv_heads, h0, h1, scratch);
+}
+
+struct AttentionKernel {
+  int64_t heads, kv_heads;
+  float scale;
+
+  AttentionKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo k(info);
+    heads = k.GetAttribute<int64_t>("num_heads");
+    kv_heads = k.GetAttribute<int64_t>("kv_num_heads");
+    scale = k.GetAttribute<float>("scale");
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto qkv = ctx.GetInput(0), past_k = ctx.GetInput(3), past_v = ctx.GetInput(4);
+    auto seqlens = ctx.GetInput(5), cos = ctx.GetInput(7), sin = ctx.GetInput(8), pos = ctx.GetInput(9);
+    auto qs = qkv.GetTensorTypeAndShapeInfo().GetShape(), cs = past_k.GetTensorTypeAndShapeInfo().GetShape();
+    Shapes sh{qs[0], qs[1], heads, kv_heads, cs[3], cs[2]};
+    if (qs[2] != (heads + 2 * kv_heads) * sh.head_dim || sh.head_dim % kLanes || heads % kv_heads)
+      ORT_CXX_API_THROW("specrt GroupQueryAttention: unsupported shapes", ORT_INVALID_ARGUMENT);
+    const int32_t* lens = seqlens.GetTensorData<int32_t>();
+    const int64_t positions = cos.GetTensorTypeAndShapeInfo().GetShape()[0];
+    const int64_t* ids = pos.GetTensorData<int64_t>();
+    int64_t longest = 0;
+    for (int64_t b = 0; b < sh.batch; ++b) {
+      if (lens[b] + 1 > sh.capacity || lens[b] + 1 < sh.seq)
+        ORT_CXX_API_THROW("specrt GroupQueryAttention: seqlens_k out of the cache", ORT_INVALID_ARGUMENT);
+      longest = std::max<int64_t>(longest, lens[b] + 1);
+      for (int64_t s = 0; s < sh.seq; ++s)
+        if (ids[b * sh.seq + s] < 0 || ids[b * sh.seq + s] >= positions)
+          ORT_CXX_API_THROW("specrt GroupQueryAttention: position_ids out of the rotary caches", ORT_INVALID_ARGUMENT);
+    }
+    auto out = ctx.GetOutput(0, {sh.batch, sh.seq, heads * sh.head_dim});
+    auto present_k = ctx.GetOutput(1, cs), present_v = ctx.GetOutput(2, cs);
+    float* kc = present_k.GetTensorMutableData<float>();
+    float* vc = present_v.GetTensorMutableData<float>();
+    const size_t cache_bytes = sh.batch * kv_heads * sh.capacity * sh.head_dim * sizeof(float);
+    if (kc != past_k.GetTensorData<float>()) std::memcpy(kc, past_k.GetTensorData<float>(), cache_bytes);
+    if (vc != past_v.GetTensorData<float>()) std::memcpy(vc, past_v.GetTensorData<float>(), cache_bytes);
+    GroupJob job{&sh, qkv.GetTensorData<float>(), kc, vc, lens, cos.GetTensorData<float>(),
+                 sin.GetTensorData<float>(), pos.GetTensorData<int64_t>(), nullptr, 1, 1, 0,
+                 scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(sh.head_dim)) : scale,
+                 out.GetTensorMutableData<float>()};
+    if (ctx.GetInputCount() > 10) {
+      auto bias = ctx.GetInput(10);
+      if (bias) {
+        auto bs = bias.GetTensorTypeAndShapeInfo().GetShape();
+        if (bs.size() != 4 || (bs[0] != 1 && bs[0] != sh.batch) || (bs[1] != 1 && bs[1] != heads) || bs[2] != sh.seq ||
+            bs[3] < longest)
+          ORT_CXX_API_THROW("specrt GroupQueryAttention: attention_bias is not [B|1, H|1, S, >= total]", ORT_INVALID_ARGUMENT);
+        job.bias = bias.GetTensorData<float>();
+        job.bias_batch = bs[0];
+        job.bias_heads = bs[1];
+        job.bias_len = bs[3];
+      }
+    }
+    for (int64_t b = 0; b < sh.batch; ++b)
+      for (int64_t g = 0; g < kv_heads; ++g) write_entries(job, b, g);
+    // a task per (row, KV head); with few of them and many query rows (a verify pass), one per query head too,
+    // to fill the pool (a decode step's few rows run faster together: they share each K block's loads)
+    const int64_t group = heads / kv_heads;
+    ParallelArgs args{&job, kv_heads, sh.batch * kv_heads < 8 && group * sh.seq > 6 ? group : 1, group};
+    ctx.ParallelFor(run_task, static_cast<size_t>(sh.batch * kv_heads * args.parts), 0, &args);
+  }
+};
+
+struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new AttentionKernel(api, info); }
+  const char* GetName() const { return "GroupQueryAttention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 11; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i == 5 || i == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    if (i == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return (i == 1 || i == 2 || i == 10) ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                                         : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+AttentionOp attention_op;
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
+  try {
+    static Ort::CustomOpDomain domain{"ai.specrt"};
+    static bool added = false;
+    if (!added) {
+      domain.Add(&attention_op);
+      added = true;
+    }
+    Ort::UnownedSessionOptions(options).Add(domain);
+  } catch (const Ort::Exception& e) {
+    return Ort::Status(e).release();
+  }
+  return nullptr;
+}

@@ -1,0 +1,165 @@
+"""specrt's attention kernel (custom_ops/attention.cpp, ai.specrt::GroupQueryAttention) against ONNX Runtime's
+GroupQueryAttention on the same inputs, and the property the runtime relies on: a query row's output does not
+depend on the call's other rows (a decode step equals the same token's row of a verify pass, bit for bit).
+Both builds are checked: -march=native (AVX-512 here where the CPU has it) and x86-64-v3 (the code without it)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+from specrt.custom_ops import KernelError, attention_library, use_specrt_attention
+
+
+def library(arch: str):
+    try:
+        return attention_library(arch)
+    except KernelError as e:
+        pytest.skip(str(e).splitlines()[0])
+
+
+@pytest.fixture(scope="module", params=["native", "x86-64-v3"])
+def arch(request):
+    if request.param != "native":
+        import platform
+        if platform.machine() != "x86_64":
+            pytest.skip("x86-64-v3 is an x86-64 target")
+    return request.param
+
+
+def gqa_session(domain: str, heads: int, kv_heads: int, head_dim: int, capacity: int, arch: str = "native",
+                attrs: dict | None = None):
+    import onnxruntime as ort
+
+    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens_k", "total", "cos", "sin",
+                                                    "pos", "bias"], ["out", "prk", "prv"], domain=domain,
+                            num_heads=heads, kv_num_heads=kv_heads, scale=head_dim ** -0.5, do_rotary=1,
+                            rotary_interleaved=0, local_window_size=-1, **(attrs or {}))
+    f, w = TP.FLOAT, (heads + 2 * kv_heads) * head_dim
+    cache = ["B", kv_heads, capacity, head_dim]
+    inputs = [helper.make_tensor_value_info("qkv", f, ["B", "S", w]), helper.make_tensor_value_info("pk", f, cache),
+              helper.make_tensor_value_info("pv", f, cache), helper.make_tensor_value_info("seqlens_k", TP.INT32, ["B"]),
+              helper.make_tensor_value_info("total", TP.INT32, []),
+              helper.make_tensor_value_info("cos", f, [capacity, head_dim // 2]),
+              helper.make_tensor_value_info("sin", f, [capacity, head_dim // 2]),
+              helper.make_tensor_value_info("pos", TP.INT64, ["B", "S"]),
+              helper.make_tensor_value_info("bias", f, ["BB", 1, "S", "T"])]
+    outputs = [helper.make_tensor_value_info("out", f, ["B", "S", heads * head_dim]),
+               helper.make_tensor_value_info("prk", f, cache), helper.make_tensor_value_info("prv", f, cache)]
+    model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    if domain != "com.microsoft":
+        opts.register_custom_ops_library(str(library(arch)))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(session, qkv, k, v, lengths, cos, sin, positions, bias):
+    """One call with the cache bound in place (past = present, as the runtime binds it); returns
+    (output, the cache after it)."""
+    k, v = k.copy(), v.copy()
+    b = session.io_binding()
+    feeds = dict(qkv=qkv, seqlens_k=np.asarray(lengths, np.int32) - 1, total=np.array(max(lengths), np.int32),
+                 cos=cos, sin=sin, pos=positions, bias=bias)
+    for name, a in feeds.items():
+        b.bind_cpu_input(name, np.ascontiguousarray(a))
+    for names, buf in ((("pk", "prk"), k), (("pv", "prv"), v)):
+        b.bind_input(names[0], "cpu", 0, np.float32, buf.shape, buf.ctypes.data)
+        b.bind_output(names[1], "cpu", 0, np.float32, buf.shape, buf.ctypes.data)
+    out = np.empty((qkv.shape[0], qkv.shape[1], session.get_outputs()[0].shape[2]), np.float32)
+    b.bind_output("out", "cpu", 0, np.float32, out.shape, out.ctypes.data)
+    session.run_with_iobinding(b)
+    return out, k, v
+
+
+def inputs(rng, batch, seq, past, heads, kv_heads, head_dim, capacity, masked=False):
+    w = (heads + 2 * kv_heads) * head_dim
+    qkv = rng.standard_normal((batch, seq, w)).astype(np.float32)
+    k = rng.standard_normal((batch, kv_heads, capacity, head_dim)).astype(np.float32)
+    v = rng.standard_normal((batch, kv_heads, capacity, head_dim)).astype(np.float32)
+    angles = np.arange(capacity)[:, None] / 10000 ** (np.arange(head_dim // 2) / (head_dim // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    lengths = [past + seq] * batch
+    positions = np.tile(np.arange(past, past + seq), (batch, 1)).astype(np.int64)
+    bias = np.zeros((batch, 1, seq, past + seq), np.float32)
+    if masked:  # a tree-like mask: some earlier entries hidden from some rows
+        bias[rng.random(bias.shape) < 0.2] = -3.0e38
+        bias[..., :1] = 0  # every row sees entry 0
+    return qkv, k, v, lengths, cos, sin, positions, bias
+
+
+SHAPES = [  # (batch, seq, past, heads, kv_heads, head_dim)
+    (1, 1, 0, 9, 3, 64), (1, 1, 200, 9, 3, 64), (1, 2, 37, 9, 3, 64), (1, 9, 100, 9, 3, 64),
+    (3, 1, 50, 4, 2, 16), (1, 5, 17, 4, 4, 128), (2, 1, 40, 8, 1, 256), (1, 3, 30, 6, 2, 48),
+]
+
+
+@pytest.mark.parametrize("batch,seq,past,heads,kv_heads,head_dim", SHAPES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_kernel_computes_what_onnx_runtime_computes(arch, batch, seq, past, heads, kv_heads, head_dim, masked):
+    capacity = past + seq + 5
+    rng = np.random.default_rng(past * 31 + seq)
+    args = inputs(rng, batch, seq, past, heads, kv_heads, head_dim, capacity, masked)
+    ref = run(gqa_session("com.microsoft", heads, kv_heads, head_dim, capacity), *args)
+    got = run(gqa_session("ai.specrt", heads, kv_heads, head_dim, capacity, arch), *args)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=2e-5)  # the attention output
+    for g, r in zip(got[1:], ref[1:]):  # the cache: the new entries written (K rotated), the rest untouched
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
+def test_a_row_does_not_depend_on_the_other_rows_of_its_call(arch, head_dim):
+    """The same 6 tokens as 6 one-token decode steps and as one verify pass (with a tree-like mask row
+    too): every output row and cache entry equal bit for bit."""
+    heads, kv_heads, past, seq, capacity = 6, 2, 45, 6, 64
+    session = gqa_session("ai.specrt", heads, kv_heads, head_dim, capacity, arch)
+    rng = np.random.default_rng(head_dim)
+    qkv, k, v, _, cos, sin, _, _ = inputs(rng, 1, seq, past, heads, kv_heads, head_dim, capacity)
+    bias = np.zeros((1, 1, seq, past + seq), np.float32)
+    bias[0, 0, 4, past + 1] = -3.0e38  # row 4 does not see token 1 (a tree branch)
+    verify = run(session, qkv, k, v, [past + seq], cos, sin, np.arange(past, past + seq)[None], bias)
+    for s in range(seq):
+        step = run(session, qkv[:, s:s + 1], k, v, [past + s + 1], cos, sin, np.array([[past + s]]),
+                   bias[:, :, s:s + 1, :past + s + 1])
+        k, v = step[1], step[2]
+        assert np.array_equal(step[0][0, 0], verify[0][0, s]), f"row {s}"
+    assert np.array_equal(k, verify[1]) and np.array_equal(v, verify[2])
+
+
+def test_only_the_nodes_the_kernel_computes_are_renamed():
+    def node(**attrs):
+        base = dict(num_heads=4, kv_num_heads=2, scale=0.25, do_rotary=1, rotary_interleaved=0, local_window_size=-1)
+        base.update(attrs)
+        ins = ["qkv", "", "", "pk", "pv", "sl", "tot", "cos", "sin", "pos", "bias"]
+        return helper.make_node("GroupQueryAttention", ins, ["o", "k", "v"], domain="com.microsoft", **base)
+
+    kept = [node(do_rotary=0), node(local_window_size=8), node(softcap=30.0), node(rotary_interleaved=1),
+            helper.make_node("GroupQueryAttention", ["q", "k1", "v1", "pk", "pv", "sl", "tot"], ["o", "k", "v"],
+                             domain="com.microsoft", num_heads=4, kv_num_heads=2)]
+    model = helper.make_model(helper.make_graph([node(), node(softcap=0.0), *kept], "g", [], []))
+    assert use_specrt_attention(model) == 2
+    assert [n.domain for n in model.graph.node] == ["ai.specrt"] * 2 + ["com.microsoft"] * len(kept)
+    assert any(o.domain == "ai.specrt" for o in model.opset_import)
+
+
+def test_a_machine_without_a_compiler_gets_a_clear_error(monkeypatch, tmp_path):
+    from specrt.engines import EngineError, OrtEngine
+
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path))
+    with pytest.raises(KernelError, match="needs a C\\+\\+17 compiler"):
+        attention_library()
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node(
+            "GroupQueryAttention", ["qkv", "", "", "pk", "pv", "sl", "tot", "cos", "sin", "pos"], ["o", "k", "v"],
+            domain="com.microsoft", num_heads=2, kv_num_heads=2, do_rotary=1)], "g", [], []),
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "g.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(EngineError, match="needs a C\\+\\+17 compiler"):
+        OrtEngine(path, attention="specrt")
+    with pytest.raises(EngineError, match="attention must be one of ort, specrt"):
+        OrtEngine(path, attention="fast")
