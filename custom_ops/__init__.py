@@ -104,15 +104,16 @@ def supported(node) -> bool:
 
 
 def use_specrt_attention(model) -> int:
-    """Rename the domain of ``model``'s GroupQueryAttention nodes the kernel computes to ai.specrt (in place);
-    returns how many. Example: SmolLM2-135M's fused graph -> 30."""
+    """Rename the domain of ``model``'s GroupQueryAttention nodes to ai.specrt (in place) when the kernel computes
+    every one of them (all or none: a graph's attention rows then all follow the kernel's rule); returns how
+    many were renamed. Example: SmolLM2-135M's fused graph -> 30; a graph with a softcapped one -> 0."""
     from onnx import helper
 
-    n = 0
-    for node in model.graph.node:
-        if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and supported(node):
-            node.domain = DOMAIN
-            n += 1
-    if n and not any(o.domain == DOMAIN for o in model.opset_import):
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+    if not nodes or not all(supported(n) for n in nodes):
+        return 0
+    for node in nodes:
+        node.domain = DOMAIN
+    if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return n
+    return len(nodes)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ class OrtEngine:
     attention: "ort" (ONNX Runtime's GroupQueryAttention) or "specrt": the graph's attention nodes run on
     specrt's CPU kernel (specrt/custom_ops: built on first use; EngineError saying what is missing when it
     cannot be), in this graph and the sibling graphs opened through ``open``; ``session.specrt_attention``
-    counts a session's nodes on it. Default: $SPECRT_ATTENTION, else "ort".
+    counts a session's nodes on it (0 where the graph has none, or one the kernel does not compute: all or
+    none, custom_ops/). Default: $SPECRT_ATTENTION, else "ort".
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -136,6 +138,9 @@ def specrt_attention_model(path: Path, opts, registered: set) -> tuple:
     proto = onnx.load(str(path), load_external_data=False)
     nodes = use_specrt_attention(proto)
     if not nodes:
+        if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
+            warnings.warn(f"{path.name}: its attention uses options specrt's kernel does not implement (a window, "
+                          "a softcap, ...): it runs on ONNX Runtime's", stacklevel=4)
         return str(path), 0
     try:
         library = attention_library()

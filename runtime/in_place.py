@@ -30,9 +30,9 @@ verify pass's row bit for bit (in int8/int4/w8a8 graphs the Q = 1 path's last bi
 steps: greedy speculation departed from plain greedy). The padding row writes its K/V one entry past the
 call's, hence the cache's spare entry per slot (``max_len`` stays the usable length). Several-row calls of
 Q = 1 keep the fused graph (GroupQueryAttention refuses Q > 1 after a past at batch > 1). An engine whose
-attention runs on specrt's kernel (``OrtEngine(attention="specrt")``, custom_ops/) skips the padded graph: that
-kernel computes each row the same whatever the call's other rows, so the fused graph's decode steps already
-equal the verify passes' rows.
+attention runs on specrt's kernel (``OrtEngine(attention="specrt")``, custom_ops/) opens neither the padded
+graph nor the twin: that kernel computes each row the same whatever the call's other rows, so the fused
+graph's decode steps already equal the verify passes' rows, and it takes several rows of Q > 1 tokens.
 
 Prompt chunks run through the prefill graph where the engine dir has one (``prefill_file``,
 export/prefill_graph.py: the padded graph with its MatMulNBits layers on the integer kernel, ~3x faster
@@ -263,10 +263,18 @@ _SIBLINGS: "weakref.WeakKeyDictionary[OrtEngine, dict[str, Sibling]]" = weakref.
 # per (engine, file), shared by every runner of that engine (ORT sessions run concurrently; bindings are per runner)
 
 
+def on_specrt_attention(engine: OrtEngine) -> bool:
+    """Whether the fused graph's attention runs on specrt's kernel (``OrtEngine(attention="specrt")``, custom_ops/)."""
+    return bool(engine.session.specrt_attention)
+
+
 def open_twin(engine: OrtEngine, spec) -> Sibling | None:
     """The batched twin of ``spec`` (its manifest's ``batched_file``) in a session with ``engine``'s options,
     or None: none exported, or this onnxruntime cannot load it (a warning says so; Q > 1 batches then run
-    row by row)."""
+    row by row). On specrt's attention kernel, the fused graph itself: that kernel takes several rows of
+    Q > 1 tokens after their pasts (each row its own length and mask), which ORT's refuses."""
+    if on_specrt_attention(engine):
+        return Sibling(engine.session)
     if spec.batched_file is None:
         return None
     return open_sibling(engine, spec.batched_file, "batched twin", "batches with several tokens per row run row by row")
@@ -275,7 +283,7 @@ def open_twin(engine: OrtEngine, spec) -> Sibling | None:
 def open_decode(engine: OrtEngine, spec) -> Sibling | None:
     """The padded graph of ``spec`` (its manifest's ``decode_file``), or None: none exported (engine dirs before
     it, drafts), or this onnxruntime cannot load it (a warning says so; single-row calls then run the fused graph)."""
-    if spec.decode_file is None or engine.attention == "specrt":  # its rows need no padding (custom_ops/)
+    if spec.decode_file is None or on_specrt_attention(engine):  # its rows need no padding (custom_ops/)
         return None
     return open_sibling(engine, spec.decode_file, "padded decode graph",
                         "decode steps run the fused graph (they may differ from verify passes in the last bits)")

@@ -30,6 +30,7 @@ def runners(build_engine):
         return a, b
 
     make.fused = fused
+    make.build = build_engine
 
     return make
 
@@ -142,6 +143,33 @@ def test_a_batch_of_chains_and_trees_is_one_call_equal_to_the_host_runner(runner
     both(pair, [0, 1, 2], [[1], [2], [3]])  # a decode step: the fused graph, one call
     assert len(runs) == 3 and runs[-1] is a.engine.session
     assert pair[0].lengths.tolist() == pair[1].lengths.tolist()
+
+
+def test_on_specrt_attention_a_batch_of_chains_and_trees_is_one_fused_call(runners, monkeypatch, specrt_attention):
+    """On specrt's attention kernel the fused graph itself takes several rows of Q > 1 tokens (no twin, no
+    padded graph): decode steps, chains and trees of different rows in one call each, equal to the host
+    runner, with every stale cache entry NaN (none is read)."""
+    fused = Runtime.load(runners.build("inplace_fused", TARGET, max_len=48, graph="fused"), attention=specrt_attention)
+    a, host = fused.runner("target", 3)[0], runners()[1]
+    a.data[:] = np.nan
+    assert a.batched.session is a.engine.session and a.single is a.engine
+    pair = (a, host)
+    for slot, p in enumerate([[3, 5, 7, 9, 11, 13, 15], list(range(1, 13)), [2, 4, 6]]):
+        for r in pair:
+            r.prefill(slot, p)
+    runs = graph_runs(monkeypatch)
+    passes = both(pair, [0, 1, 2], [[4, 5, 6, 7], [8, 9, 0, 0], [10, 11, 12, 0]])
+    for r, p in zip(pair, passes):
+        r.commit(p, [[0, 1, 2, 3], [0], [0, 1]])
+    big, small = example_tree_mask().numpy(), np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)
+    passes = both(pair, [0, 1, 2], [np.arange(20, 28), np.arange(1, 9), [5, 6, 7, 0, 0, 0, 0, 0]],
+                  blocks=[big, None, small], depths=[big.sum(-1) - 1, None, small.sum(-1) - 1])
+    for r, p in zip(pair, passes):
+        r.commit(p, [[0, 2, 5, 7], [0, 1, 2], [0, 2]])
+    both(pair, [0, 1, 2], [[1], [2], [3]])
+    assert runs == [a.engine.session] * 3
+    both(pair, [1], [[4, 5, 6]])  # one row: a chain call, the same graph
+    assert runs[-1] is a.engine.session
 
 
 def test_without_a_twin_rows_run_one_by_one_with_the_same_logits(runners, monkeypatch):
