@@ -397,6 +397,27 @@ struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel> {
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+  // What ONNX Runtime's kernel declares, so the ops after it keep their shapes: output [B, S, H * D] (D the
+  // cache's head dim), present_key / present_value the past's shapes.
+  static OrtStatusPtr InferOutputShape(Ort::ShapeInferContext& ctx) {
+    try {
+      const auto& qkv = ctx.GetInputShape(0);
+      const auto& cache = ctx.GetInputShape(3);
+      if (qkv.size() != 3 || cache.size() != 4)
+        ORT_CXX_API_THROW("specrt GroupQueryAttention: qkv must be 3-D and the cache 4-D", ORT_INVALID_ARGUMENT);
+      Ort::ShapeInferContext::Shape out{qkv[0], qkv[1], qkv[2]};
+      if (cache[3].IsInt()) out[2] = Ort::ShapeInferContext::SymbolicInteger(ctx.GetAttrInt("num_heads") * cache[3].AsInt());
+      for (auto [i, shape] : {std::pair<size_t, const Ort::ShapeInferContext::Shape*>{0, &out}, {1, &cache},
+                              {2, &ctx.GetInputShape(4)}}) {
+        Ort::Status status = ctx.SetOutputShape(i, *shape);
+        if (!status.IsOK()) return status.release();
+      }
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e).release();
+    }
+    return nullptr;
+  }
 };
 
 AttentionOp attention_op;

@@ -1,7 +1,6 @@
 """ONNX Runtime backend: CPU execution provider by default, any installed provider on request."""
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
@@ -34,7 +33,7 @@ class OrtEngine:
     specrt's CPU kernel (specrt/custom_ops: built on first use; EngineError saying what is missing when it
     cannot be), in this graph and the sibling graphs opened through ``open``; ``session.specrt_attention``
     counts a session's nodes on it (0 where the graph has none, or one the kernel does not compute: all or
-    none, custom_ops/). Default: $SPECRT_ATTENTION, else "ort".
+    none, custom_ops/).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -76,7 +75,7 @@ class OrtEngine:
             opts.add_session_config_entry("session.intra_op.spin_duration_us", str(spinning))
         elif spinning is not None:  # idle pool threads busy-wait for work (ORT's default: on)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        attention = attention or os.environ.get("SPECRT_ATTENTION") or "ort"
+        attention = attention or "ort"
         if attention not in ATTENTION:
             raise EngineError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         if attention == "specrt" and providers != ["CPUExecutionProvider"]:
@@ -135,7 +134,10 @@ def specrt_attention_model(path: Path, opts, registered: set) -> tuple:
 
     from ..custom_ops import KernelError, attention_library, use_specrt_attention
 
-    proto = onnx.load(str(path), load_external_data=False)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # a corrupt file: protobuf's DecodeError, ...
+        raise EngineError(f"ONNX Runtime cannot load {path.name}: not an ONNX model ({str(e).splitlines()[0]})") from None
     nodes = use_specrt_attention(proto)
     if not nodes:
         if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):

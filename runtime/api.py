@@ -6,6 +6,8 @@ max_batch N over the same ``Runtime``.
 """
 from __future__ import annotations
 
+import os
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -146,8 +148,12 @@ class Runtime:
 
     @classmethod
     def load(cls, engine_dir: str | Path, backend: str = "ort", **engine_options) -> "Runtime":
+        """``engine_options`` go to every graph's engine (ort: threads, spinning, attention, providers, ...);
+        with the ort backend, ``attention`` defaults to $SPECRT_ATTENTION where it is set ("ort" | "specrt")."""
         from tokenizers import Tokenizer
 
+        if backend == "ort" and os.environ.get("SPECRT_ATTENTION"):
+            engine_options.setdefault("attention", os.environ["SPECRT_ATTENTION"])
         m = load_manifest(engine_dir)
         graphs = {}
         for role, spec in m.graphs.items():

@@ -42,7 +42,7 @@ class AppSpec:
     backend: str = "ort"  # ort | torch
     threads: int | None = None  # ONNX Runtime intra-op threads (None: ORT's choice)
     device: str | None = None  # cpu | cuda (None: cpu)
-    attention: str = "ort"  # ort | specrt: who computes the graphs' attention (engines/ort.py, custom_ops/)
+    attention: str | None = None  # ort | specrt: who computes the graphs' attention (None: $SPECRT_ATTENTION, else ort)
 
 
 def build_app(spec: AppSpec) -> FastAPI:
@@ -51,7 +51,7 @@ def build_app(spec: AppSpec) -> FastAPI:
     from ..api import Runtime
 
     options = {k: v for k, v in (("device", spec.device), ("threads", spec.threads)) if v}
-    if spec.attention != "ort":
+    if spec.attention:
         if spec.backend != "ort":
             raise ValueError(f"attention {spec.attention!r} runs with the ort backend, not {spec.backend!r}")
         options["attention"] = spec.attention

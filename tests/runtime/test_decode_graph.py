@@ -44,7 +44,7 @@ def test_the_export_writes_the_padded_graph_on_the_shared_weights_file(engine):
 
 
 def test_a_decode_step_equals_the_verify_pass_row_bit_for_bit(engine):
-    rt = specrt.load(engine)
+    rt = specrt.load(engine, attention="ort")  # the padded graph: ORT's attention (not $SPECRT_ATTENTION)
     runner = rt.runner("target", 2)[0]
     assert runner.single is not runner.engine and runner.data.shape[3] == rt.manifest.max_len + 1
     steps, verify = steps_and_pass(runner)

@@ -20,7 +20,7 @@ TARGET = dict(arch="llama", hidden=64, scale=20.0)  # head_dim 16: the fused gra
 @pytest.fixture(scope="module")
 def runners(build_engine):
     """(in-place, host) runners of 3 slots over the same model, the in-place cache's stale part all NaN."""
-    fused = Runtime.load(build_engine("inplace_fused", TARGET, max_len=48, graph="fused"))
+    fused = Runtime.load(build_engine("inplace_fused", TARGET, max_len=48, graph="fused"), attention="ort")
     traced = Runtime.load(build_engine("inplace_traced", TARGET, max_len=48, graph="traced"))
 
     def make(stale=np.nan):
@@ -221,7 +221,7 @@ def test_a_missing_or_unloadable_twin(runners, tmp_path):
     engine = shutil.copytree(runners.fused.manifest.root, tmp_path / "engine")
     (engine / "target_batched.onnx").write_bytes(b"not a graph")
     with pytest.warns(UserWarning, match="target_batched.onnx.*row by row"):
-        assert Runtime.load(engine).runner("target", 3)[0].batched is None
+        assert Runtime.load(engine, attention="ort").runner("target", 3)[0].batched is None
     (engine / "target_batched.onnx").unlink()
     with pytest.raises(EngineError, match="target graph file 'target_batched.onnx' is missing"):
         Runtime.load(engine)

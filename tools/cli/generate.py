@@ -41,14 +41,14 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
         raise click.UsageError("give exactly one of --prompt and --prompt-file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
-    if attention != "ort" and (backend != "ort" or runtime_kind == "cpp"):
+    if attention == "specrt" and (backend != "ort" or runtime_kind == "cpp"):
         raise click.UsageError("--attention specrt runs with --backend ort and the python runtime")
     text = prompt if prompt is not None else prompt_file.read()
     if runtime_kind == "cpp":
         return generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
                             **sampling)
     options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
-    if attention != "ort":
+    if attention:
         options["attention"] = attention
     if providers:
         options["providers"] = [p.strip() for p in providers.split(",") if p.strip()]

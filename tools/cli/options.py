@@ -35,9 +35,9 @@ def sampling_options(f):
 
 
 ATTENTION_HELP = ("Who computes the graphs' attention: ort (ONNX Runtime's GroupQueryAttention) or specrt (specrt's CPU "
-                  "kernel, built on first use; needs g++ and ONNX Runtime's headers: see docs/runtime.md).")
-attention_option = click.option("--attention", default="ort", show_default=True, type=click.Choice(["ort", "specrt"]),
-                                help=ATTENTION_HELP)
+                  "kernel, built on first use; needs g++ and ONNX Runtime's headers: see docs/runtime.md). "
+                  "Default: $SPECRT_ATTENTION, else ort.")
+attention_option = click.option("--attention", default=None, type=click.Choice(["ort", "specrt"]), help=ATTENTION_HELP)
 
 
 def load_runtime(engine_dir, **options):

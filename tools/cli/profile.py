@@ -97,7 +97,7 @@ def profile(engine_dir, prompts_file, methods, batches, out, threads, attention,
     except ImportError:
         raise click.ClickException("specrt profile draws its plots with matplotlib: pip install 'specrt[profile]'")
     rt = load_runtime(engine_dir, **({"threads": threads} if threads else {}),
-                      **({"attention": attention} if attention != "ort" else {}))
+                      **({"attention": attention} if attention else {}))
     cfg = ProfileConfig(methods=methods, batches=batches, prompts=read_prompts(prompts_file) if prompts_file else (),
                         **settings)
     console = Console()
