@@ -87,9 +87,24 @@ def fused_engines(build_engine):
     ("int8", "draft", False), ("int4", "draft", True)], ids=str)
 def test_fused_and_quantized_graphs_are_exact(fused_engines, quantize, method, batched):
     """Exact with respect to the graph's own target: the quantized model's distribution, not fp32's."""
-    rt = specrt.load(fused_engines[quantize])
+    rt = specrt.load(fused_engines[quantize], attention="ort")
     assert rt.manifest.target.kv_layout == "in_place" and rt.manifest.target.quantize == (None if quantize == "fp32"
                                                                                             else quantize)
+    assert_exact(rt, method, batched)
+
+
+@pytest.mark.parametrize("quantize,method,batched", [("fp32", "draft", True), ("int4", "ngram", True),
+                                                     ("int4", "draft", False)], ids=str)
+def test_graphs_on_specrt_attention_are_exact(fused_engines, specrt_attention, quantize, method, batched):
+    """The same on specrt's attention kernel, where a batch's verify pass runs the fused graph itself."""
+    rt = specrt.load(fused_engines[quantize], attention=specrt_attention)
+    assert rt.target.engine.session.specrt_attention > 0
+    assert_exact(rt, method, batched)
+
+
+def assert_exact(rt, method: str, batched: bool) -> None:
+    """Temperature 1, γ 2, after a prompt whose n-grams repeat: chi-square of the emitted tokens against the
+    exact joint of the graph's own logits."""
     base = [3, 1, 4, 1, 5]
     cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
     prompt = base + cont + base + cont[:1]  # n-gram lookups find proposals
