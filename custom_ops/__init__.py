@@ -20,6 +20,7 @@ runtime/cpp/third_party/include/onnxruntime. The library lands in ``$SPECRT_CACH
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -51,6 +52,7 @@ def ort_include() -> Path:
                       "`bash runtime/cpp/scripts/fetch_deps.sh` (or build the C++ runtime), or set SPECRT_ORT_INCLUDE")
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_flags() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -68,11 +70,9 @@ def attention_library(arch: str = "native") -> Path:
     if compiler is None:
         raise KernelError(f"specrt's attention kernel needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
     include = ort_include()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     flags = (*FLAGS, f"-march={arch}")
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), cpu_flags(),
-                                    (include / "onnxruntime_c_api.h").read_text()]).encode()).hexdigest()[:12]
-    out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / key / LIBRARY
+    out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / build_key(
+        compiler, include, flags) / LIBRARY
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +84,15 @@ def attention_library(arch: str = "native") -> Path:
             raise KernelError(f"building specrt's attention kernel failed:\n{r.stderr[-2000:]}")
         os.replace(built, out)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def build_key(compiler: str, include: Path, flags: tuple) -> str:
+    """The library's cache key: its source, the compiler's version, the flags, this CPU's flags and the ORT API
+    header, hashed once per process (every session of every graph asks)."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    return hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), cpu_flags(),
+                                     (include / "onnxruntime_c_api.h").read_text()]).encode()).hexdigest()[:12]
 
 
 def supported(node) -> bool:

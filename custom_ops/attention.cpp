@@ -254,6 +254,7 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
   float* score = q + rows * D;           // [rows, padded]
   float* acc = score + rows * padded;    // [rows, D]
   float* tail = acc + rows * D;          // [16, D] the last block's entries, zeros after the cache's
+  const auto causal = [&](int64_t r) { return past + r % S + 1; };  // entries row r = (head, token s) sees
   for (int64_t h = 0; h < h1 - h0; ++h)
     for (int64_t s = 0; s < S; ++s) {
       float* qr = q + (h * S + s) * D;
@@ -271,14 +272,14 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
     for (int64_t r = 0; r < rows; ++r) dot16(q + r * D, k, static_cast<int>(D), score + r * padded + t0);
   }
   for (int64_t r = 0; r < rows; ++r) {  // scale, bias, causal softmax per row
-    const int64_t h = r / S, s = r % S, len = past + s + 1;
+    const int64_t h = r / S, s = r % S;
     float* x = score + r * padded;
     const float* bias = nullptr;
     if (j.bias) {
       const int64_t bb = j.bias_batch == 1 ? 0 : b, bh = j.bias_heads == 1 ? 0 : g * G + h0 + h;
       bias = j.bias + ((bb * j.bias_heads + bh) * S + s) * j.bias_len;
     }
-    softmax(x, bias, j.scale, len, padded);
+    softmax(x, bias, j.scale, causal(r), padded);
   }
   const int chunk = static_cast<int>(std::max<int64_t>(1, kLanes / (D / kLanes)));  // rows per pass over V
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
@@ -289,7 +290,7 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
     for (int i = 0; i < n; ++i) {
       out[i] = acc + (r0 + i) * D;
       w[i] = score + (r0 + i) * padded;
-      len[i] = past + (r0 + i) % S + 1;
+      len[i] = causal(r0 + i);
     }
     switch (D / kLanes) {
       case 4: weighted_sum<4>(out, w, len, n, vc); break;

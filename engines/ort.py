@@ -78,9 +78,10 @@ class OrtEngine:
         attention = attention or "ort"
         if attention not in ATTENTION:
             raise EngineError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-        if attention == "specrt" and providers != ["CPUExecutionProvider"]:
-            raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
-        if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
+        if attention == "specrt":
+            if providers != ["CPUExecutionProvider"]:
+                raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
+            # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.options = opts
         self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]

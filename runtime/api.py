@@ -7,7 +7,6 @@ max_batch N over the same ``Runtime``.
 from __future__ import annotations
 
 import os
-
 import threading
 import time
 from dataclasses import dataclass, field
