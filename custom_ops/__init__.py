@@ -13,10 +13,11 @@ SmolLM2-135M) and packs it for a GEMM; this one streams each KV head's entries o
 computed by the same loops whatever else the call holds, so a decode step equals the same token's row of a
 verify pass bit for bit and the padded decode graph (export/decode_pad.py) is not needed.
 
-Building needs a C++17 compiler (``$CXX`` or g++) and ONNX Runtime's C++ API headers: ``$SPECRT_ORT_INCLUDE``,
-or the ones ``bash runtime/cpp/scripts/fetch_deps.sh`` (and the C++ runtime's CMake build) puts in
-runtime/cpp/third_party/include/onnxruntime. The library lands in ``$SPECRT_CACHE/kernels/<key>/`` (default
-~/.cache/specrt), keyed by the source, the compiler and this CPU's flags (it is built with -march=native).
+Building needs a C++17 compiler (``$CXX`` or g++) and ONNX Runtime's C++ API headers, shipped here
+(include/onnxruntime: ONNX Runtime 1.21's, MIT; ``$SPECRT_ORT_INCLUDE`` points elsewhere). The library lands in
+``$SPECRT_CACHE/kernels/<key>/`` (default ~/.cache/specrt), keyed by the source, the compiler and this CPU's
+flags (it is built with -march=native). The runtime's default attention, "auto" (engines/ort.py), is this
+kernel wherever it builds.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("attention.cpp")
+INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
 FLAGS = ("-O3", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
@@ -43,13 +45,13 @@ class KernelError(RuntimeError):
 
 
 def ort_include() -> Path:
-    """The directory holding onnxruntime_cxx_api.h: $SPECRT_ORT_INCLUDE, else the C++ runtime's fetched copy."""
-    here = Path(__file__).resolve().parent.parent / "runtime" / "cpp" / "third_party" / "include" / "onnxruntime"
-    for d in (os.environ.get("SPECRT_ORT_INCLUDE"), here):
-        if d and (Path(d) / "onnxruntime_cxx_api.h").is_file():
-            return Path(d)
-    raise KernelError("specrt's attention kernel needs ONNX Runtime's C++ headers: run "
-                      "`bash runtime/cpp/scripts/fetch_deps.sh` (or build the C++ runtime), or set SPECRT_ORT_INCLUDE")
+    """The directory holding onnxruntime_cxx_api.h: $SPECRT_ORT_INCLUDE, else the copy shipped beside the kernel
+    (ONNX Runtime 1.21's API headers, include/onnxruntime/LICENSE)."""
+    d = Path(os.environ.get("SPECRT_ORT_INCLUDE") or INCLUDE)
+    if not (d / "onnxruntime_cxx_api.h").is_file():
+        raise KernelError(f"specrt's attention kernel needs ONNX Runtime's C++ API headers: no onnxruntime_cxx_api.h "
+                          f"in {d} (SPECRT_ORT_INCLUDE)")
+    return d
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,6 +1,7 @@
 """ONNX Runtime backend: CPU execution provider by default, any installed provider on request."""
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -29,11 +30,12 @@ class OrtEngine:
     True or None: ORT's own default (spin ~1M pause instructions, ~16 ms on this CPU); False: never
     spin; "run": spin during a run, stop when it returns.
     profile_prefix: turn on ORT's profiler, writing its trace to ``<prefix>_<date>.json``.
-    attention: "ort" (ONNX Runtime's GroupQueryAttention) or "specrt": the graph's attention nodes run on
-    specrt's CPU kernel (specrt/custom_ops: built on first use; EngineError saying what is missing when it
-    cannot be), in this graph and the sibling graphs opened through ``open``; ``session.specrt_attention``
-    counts a session's nodes on it (0 where the graph has none, or one the kernel does not compute: all or
-    none, custom_ops/).
+    attention: who computes the graph's GroupQueryAttention nodes, in this graph and the sibling graphs opened
+    through ``open``: "ort" (ONNX Runtime's; the default here, and export's), "specrt" (specrt's CPU kernel,
+    specrt/custom_ops: built on first use; EngineError saying what is missing when it cannot be) or "auto"
+    (the runtime's default: specrt's kernel where it builds and runs, i.e. the CPU execution provider, else
+    ONNX Runtime's, with one warning saying why). ``session.specrt_attention`` counts a session's nodes on
+    specrt's kernel (0 where the graph has none, or one the kernel does not compute: all or none, custom_ops/).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -78,10 +80,13 @@ class OrtEngine:
         attention = attention or "ort"
         if attention not in ATTENTION:
             raise EngineError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
-        if attention == "specrt":
-            if providers != ["CPUExecutionProvider"]:
-                raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
-            # graphs load from bytes (custom_ops/): their weights are beside the file
+        on_cpu = providers == ["CPUExecutionProvider"]
+        if attention == "specrt" and not on_cpu:
+            raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
+        self.attention_asked = attention
+        if attention == "auto":
+            attention = "specrt" if on_cpu and kernel_builds() else "ort"
+        if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.options = opts
         self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]
@@ -102,7 +107,8 @@ class OrtEngine:
 
         model, nodes = str(path), 0
         if self.attention == "specrt":
-            model, nodes = specrt_attention_model(path, self.options, self._registered)
+            model, nodes = specrt_attention_model(path, self.options, self._registered,
+                                                  warn=self.attention_asked == "specrt")
         try:
             session = ort.InferenceSession(model, sess_options=self.options, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidGraph types
@@ -123,14 +129,30 @@ class OrtEngine:
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu()))
 
 
-ATTENTION = ("ort", "specrt")  # who computes a graph's GroupQueryAttention nodes (OrtEngine's ``attention``)
+ATTENTION = ("auto", "ort", "specrt")  # who computes a graph's GroupQueryAttention nodes (OrtEngine's ``attention``)
 
 
-def specrt_attention_model(path: Path, opts, registered: set) -> tuple:
+@functools.lru_cache(maxsize=None)
+def kernel_builds() -> bool:
+    """Whether specrt's attention kernel builds here (attention "auto"); where it does not, one warning per
+    process says why (no C++ compiler, ...) and graphs run ONNX Runtime's attention."""
+    from ..custom_ops import KernelError, attention_library
+
+    try:
+        attention_library()
+    except KernelError as e:
+        warnings.warn(f"{e}; the graphs run ONNX Runtime's attention (slower on CPU: docs/runtime.md, "
+                      f"\"Attention kernel\")", stacklevel=2)
+        return False
+    return True
+
+
+def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True) -> tuple:
     """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many), the
     kernel library registered in ``opts`` unless ``registered`` (the libraries already there, updated) has it;
     (str(path), 0) for a graph without such nodes. Its external weights stay where they are: ``opts`` must name
-    ``path``'s folder (session.model_external_initializers_file_folder_path)."""
+    ``path``'s folder (session.model_external_initializers_file_folder_path). ``warn``: say so when the graph's
+    attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
     from ..custom_ops import KernelError, attention_library, use_specrt_attention
@@ -141,7 +163,7 @@ def specrt_attention_model(path: Path, opts, registered: set) -> tuple:
         raise EngineError(f"ONNX Runtime cannot load {path.name}: not an ONNX model ({str(e).splitlines()[0]})") from None
     nodes = use_specrt_attention(proto)
     if not nodes:
-        if any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
+        if warn and any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
             warnings.warn(f"{path.name}: its attention uses options specrt's kernel does not implement (a window, "
                           "a softcap, ...): it runs on ONNX Runtime's", stacklevel=4)
         return str(path), 0

@@ -148,11 +148,12 @@ class Runtime:
     @classmethod
     def load(cls, engine_dir: str | Path, backend: str = "ort", **engine_options) -> "Runtime":
         """``engine_options`` go to every graph's engine (ort: threads, spinning, attention, providers, ...);
-        with the ort backend, ``attention`` defaults to $SPECRT_ATTENTION where it is set ("ort" | "specrt")."""
+        with the ort backend, ``attention`` defaults to $SPECRT_ATTENTION where it is set, else "auto" (specrt's
+        CPU kernel where it builds and the graphs run on the CPU, else ONNX Runtime's: engines/ort.py)."""
         from tokenizers import Tokenizer
 
-        if backend == "ort" and os.environ.get("SPECRT_ATTENTION"):
-            engine_options.setdefault("attention", os.environ["SPECRT_ATTENTION"])
+        if backend == "ort":
+            engine_options.setdefault("attention", os.environ.get("SPECRT_ATTENTION") or "auto")
         m = load_manifest(engine_dir)
         graphs = {}
         for role, spec in m.graphs.items():

@@ -42,7 +42,7 @@ class AppSpec:
     backend: str = "ort"  # ort | torch
     threads: int | None = None  # ONNX Runtime intra-op threads (None: ORT's choice)
     device: str | None = None  # cpu | cuda (None: cpu)
-    attention: str | None = None  # ort | specrt: who computes the graphs' attention (None: $SPECRT_ATTENTION, else ort)
+    attention: str | None = None  # auto | ort | specrt: who computes the graphs' attention (None: $SPECRT_ATTENTION, else auto)
 
 
 def build_app(spec: AppSpec) -> FastAPI:
@@ -51,10 +51,10 @@ def build_app(spec: AppSpec) -> FastAPI:
     from ..api import Runtime
 
     options = {k: v for k, v in (("device", spec.device), ("threads", spec.threads)) if v}
-    if spec.attention:
-        if spec.backend != "ort":
-            raise ValueError(f"attention {spec.attention!r} runs with the ort backend, not {spec.backend!r}")
+    if spec.attention and spec.backend == "ort":
         options["attention"] = spec.attention
+    elif spec.attention not in (None, "auto"):
+        raise ValueError(f"attention {spec.attention!r} runs with the ort backend, not {spec.backend!r}")
     rt = Runtime.load(spec.engine_dir, backend=spec.backend, **options)
     batch = replace(spec.config.batch, method=rt.resolve_method(spec.config.batch.method))
     return create_app(rt, replace(spec.config, batch=batch))

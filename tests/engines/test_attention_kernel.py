@@ -165,5 +165,29 @@ def test_a_machine_without_a_compiler_gets_a_clear_error(monkeypatch, tmp_path):
     path.write_bytes(model.SerializeToString())
     with pytest.raises(EngineError, match="needs a C\\+\\+17 compiler"):
         OrtEngine(path, attention="specrt")
-    with pytest.raises(EngineError, match="attention must be one of ort, specrt"):
+    with pytest.raises(EngineError, match="attention must be one of auto, ort, specrt"):
         OrtEngine(path, attention="fast")
+
+
+def test_auto_attention_is_the_kernel_where_it_builds_else_ort_with_one_warning(monkeypatch, tmp_path,
+                                                                                 llama_fused_engine):
+    """The runtime's default, "auto": specrt's kernel where it builds; without a compiler, ONNX Runtime's
+    attention and one warning per process naming what is missing, and the engine still runs."""
+    import specrt
+    from specrt.engines import ort as ort_engine
+
+    monkeypatch.delenv("SPECRT_ATTENTION", raising=False)
+    library("native")  # skips, saying why, where the kernel cannot be built here at all
+    ort_engine.kernel_builds.cache_clear()
+    assert specrt.load(llama_fused_engine).target.engine.session.specrt_attention > 0
+    assert specrt.load(llama_fused_engine, device="cpu", attention="ort").target.engine.session.specrt_attention == 0
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path))
+    ort_engine.kernel_builds.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="needs a C\\+\\+17 compiler.*ONNX Runtime's attention"):
+            rt = specrt.load(llama_fused_engine)
+        assert rt.target.engine.session.specrt_attention == 0 and rt.target.engine.attention == "ort"
+        assert len(rt.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
+    finally:
+        ort_engine.kernel_builds.cache_clear()

@@ -38,7 +38,7 @@ def test_a_suffix_corpus_adds_a_specrt_unit_serving_suffix_with_it(tmp_path):
 
 def test_attention_reaches_every_specrt_server(tmp_path):
     unit = serve_peers.Unit("specrt", "int4", "none", "int4", tmp_path)
-    for given, expected in (([], "ort"), (["--attention", "specrt"], "specrt")):
+    for given, expected in (([], "auto"), (["--attention", "specrt"], "specrt"), (["--attention", "ort"], "ort")):
         argv = serve_peers.server_argv(serve_peers.parse_args(given), unit, 8000, 1, 8192)
         assert argv[argv.index("--attention") + 1] == expected
     other = serve_peers.Unit("specrt", "int4", "none", "int4", tmp_path, "ort")  # a --compare-attention unit

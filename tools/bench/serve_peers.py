@@ -341,9 +341,10 @@ def parse_args(argv) -> argparse.Namespace:
                     help="llama-server --spec-type values (see its --help), e.g. ngram-map-k ngram-cache")
     ap.add_argument("--suffix-corpus", type=Path,
                     help=f"a corpus for specrt's suffix decoding (`specrt train data`'s train.jsonl): adds {CORPUS_METHOD}")
-    ap.add_argument("--attention", choices=["ort", "specrt"], default="ort",
-                    help="specrt serve --attention: ONNX Runtime's attention or specrt's kernel (docs/runtime.md)")
-    ap.add_argument("--compare-attention", choices=["ort", "specrt"],
+    ap.add_argument("--attention", choices=["auto", "ort", "specrt"], default="auto",
+                    help="specrt serve --attention: specrt's kernel where it builds (auto), ONNX Runtime's attention "
+                         "or specrt's kernel (docs/runtime.md)")
+    ap.add_argument("--compare-attention", choices=["auto", "ort", "specrt"],
                     help="also run specrt's plain decoding with this --attention: method 'none (X attention)'")
     ap.add_argument("--draft-gguf", help="a draft model GGUF: adds llama-server's draft-simple")
     ap.add_argument("--llama-server", help="the llama-server binary (default: $PATH, then a known build dir)")

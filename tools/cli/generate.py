@@ -48,7 +48,7 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
         return generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
                             **sampling)
     options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
-    if attention:
+    if attention and backend == "ort":  # auto elsewhere: nothing to choose
         options["attention"] = attention
     if providers:
         options["providers"] = [p.strip() for p in providers.split(",") if p.strip()]

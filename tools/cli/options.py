@@ -34,10 +34,11 @@ def sampling_options(f):
     return wrapper
 
 
-ATTENTION_HELP = ("Who computes the graphs' attention: ort (ONNX Runtime's GroupQueryAttention) or specrt (specrt's CPU "
-                  "kernel, built on first use; needs g++ and ONNX Runtime's headers: see docs/runtime.md). "
-                  "Default: $SPECRT_ATTENTION, else ort.")
-attention_option = click.option("--attention", default=None, type=click.Choice(["ort", "specrt"]), help=ATTENTION_HELP)
+ATTENTION_HELP = ("Who computes the graphs' attention: specrt (specrt's CPU kernel, built on first use with g++: see "
+                  "docs/runtime.md), ort (ONNX Runtime's GroupQueryAttention) or auto (specrt's where it builds and "
+                  "the graphs run on the CPU, else ort's). Default: $SPECRT_ATTENTION, else auto.")
+attention_option = click.option("--attention", default=None, type=click.Choice(["auto", "ort", "specrt"]),
+                                help=ATTENTION_HELP)
 
 
 def load_runtime(engine_dir, **options):
