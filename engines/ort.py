@@ -33,8 +33,8 @@ class OrtEngine:
     attention: who computes the graph's GroupQueryAttention nodes, in this graph and the sibling graphs opened
     through ``open``: "ort" (ONNX Runtime's; the default here, and export's), "specrt" (specrt's CPU kernel,
     specrt/custom_ops: built on first use; EngineError saying what is missing when it cannot be) or "auto"
-    (the runtime's default: specrt's kernel where it builds and runs, i.e. the CPU execution provider, else
-    ONNX Runtime's, with one warning saying why). ``session.specrt_attention`` counts a session's nodes on
+    (the runtime's default: specrt's kernel on the CPU execution provider of a CPU with AVX-512 where the kernel
+    builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention`` counts a session's nodes on
     specrt's kernel (0 where the graph has none, or one the kernel does not compute: all or none, custom_ops/).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
@@ -85,7 +85,7 @@ class OrtEngine:
             raise EngineError("attention 'specrt' is a CPU kernel: it runs with the CPU execution provider only")
         self.attention_asked = attention
         if attention == "auto":
-            attention = "specrt" if on_cpu and kernel_builds() else "ort"
+            attention = "specrt" if on_cpu and kernel_pays() else "ort"
         if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.options = opts
@@ -133,11 +133,14 @@ ATTENTION = ("auto", "ort", "specrt")  # who computes a graph's GroupQueryAttent
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_builds() -> bool:
-    """Whether specrt's attention kernel builds here (attention "auto"); where it does not, one warning per
-    process says why (no C++ compiler, ...) and graphs run ONNX Runtime's attention."""
-    from ..custom_ops import KernelError, attention_library
+def kernel_pays() -> bool:
+    """Whether attention "auto" runs specrt's kernel here: the CPU has AVX-512 (the kernel's fast path; its
+    portable code is slower than ONNX Runtime's, docs/runtime.md) and the kernel builds. Where it does not
+    build, one warning per process says why (no C++ compiler, ...); graphs then run ONNX Runtime's attention."""
+    from ..custom_ops import KernelError, attention_library, cpu_flags
 
+    if "avx512f" not in cpu_flags().split():
+        return False
     try:
         attention_library()
     except KernelError as e:
