@@ -51,6 +51,17 @@ class SuffixIndex:
                     if not counts:
                         del self.next[ctx]
 
+    def merge(self, other: "SuffixIndex") -> None:
+        """Count everything ``other`` (of the same depth) counted: the same as adding its sequences again,
+        without rebuilding their contexts (a finished request's own index joining the global one)."""
+        for ctx, counts in other.next.items():
+            mine = self.next.get(ctx)
+            if mine is None:
+                self.next[ctx] = dict(counts)
+            else:
+                for tok, c in counts.items():
+                    mine[tok] = mine.get(tok, 0) + c
+
     def longest(self, context: Sequence[int]) -> tuple[int, dict | None]:
         """(n, counts) for the longest suffix of ``context`` with counts; (0, None) if none.
 
@@ -77,7 +88,10 @@ class SuffixCache:
         self.sequences: collections.deque = collections.deque()
         self.tokens = 0
 
-    def add(self, seq: Sequence[int]) -> None:
+    def add(self, seq: Sequence[int], counted: SuffixIndex | None = None) -> None:
+        """Keep ``seq`` (its last ``max_tokens``), evicting the oldest sequences to make room. ``counted``: an
+        index of exactly ``seq`` (the request's own), merged instead of counting ``seq`` again."""
+        whole = len(seq) <= self.max_tokens
         seq = list(seq[-self.max_tokens:]) if self.max_tokens else []
         if not seq:
             return
@@ -85,7 +99,10 @@ class SuffixCache:
             old = self.sequences.popleft()
             self.index.add(old, 0, len(old), sign=-1)
             self.tokens -= len(old)
-        self.index.add(seq, 0, len(seq))
+        if counted is not None and whole and counted.depth == self.index.depth:
+            self.index.merge(counted)
+        else:
+            self.index.add(seq, 0, len(seq))
         self.sequences.append(seq)
         self.tokens += len(seq)
 
@@ -214,4 +231,5 @@ class SuffixProposer:
         """The sequence left (finished or cancelled): it joins its scope's global cache."""
         state = self.states.pop(row.request.request_id, None)
         if state is not None:
-            self.cache(state.scope).add(state.seq)
+            state.local.add(state.seq, state.indexed, len(state.seq))  # the tokens since its last proposal
+            self.cache(state.scope).add(state.seq, counted=state.local)

@@ -72,6 +72,13 @@ def test_global_cache_is_bounded_and_evicts_the_oldest():
     for seq in cache.sequences:
         ref.add(seq, 0, len(seq))
     assert cache.index.next == ref.next  # evicted sequences left nothing behind
+    merged = SuffixCache(depth=4, max_tokens=100)  # a finished request's own index merged, not counted again
+    for seq in cache.sequences:
+        own = SuffixIndex(4)
+        own.add(seq, 0, 7)
+        own.add(seq, 7, len(seq))  # indexed as it was generated
+        merged.add(seq, counted=own)
+    assert merged.index.next == ref.next
 
 
 def test_a_repeated_request_drafts_more_from_the_global_cache(engine):
