@@ -66,8 +66,8 @@ def cpu_flags() -> str:
 
 
 def attention_library(arch: str = "native") -> Path:
-    """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the code without
-    AVX-512), built on first use (~1 s) and cached; KernelError if it cannot be."""
+    """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the AVX2 code, and
+    x86-64-v2, the portable code), built on first use (~1 s) and cached; KernelError if it cannot be."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise KernelError(f"specrt's attention kernel needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")

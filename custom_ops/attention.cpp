@@ -11,6 +11,7 @@
 // dot products, softmax and weighted sum depend only on its own causal length), so a one-token
 // decode step and the same token's row in a verify pass give bit-identical outputs.
 //
+// Vector code for AVX-512, for AVX2 with FMA, and portable code for the rest (slower than ONNX Runtime's).
 // Built by custom_ops/__init__.py (one g++ call, -O3 -march=native, cached) and registered in a session
 // with SessionOptions.register_custom_ops_library. Engine dirs keep the standard op: the same module
 // renames, in the session's copy of a graph, the domain of the nodes this kernel computes.
@@ -20,7 +21,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -92,6 +93,51 @@ inline void weighted_sum_any(int nc, float* const* out, const float* const* w, c
         acc = _mm512_fmadd_ps(_mm512_set1_ps(w[r][t]), _mm512_loadu_ps(v + (t * nc + c) * kLanes), acc);
       _mm512_storeu_ps(out[r] + c * kLanes, acc);
     }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+// 8 sums of 8 lanes each -> one vector of the 8 sums, by one fixed network of horizontal adds.
+inline __m256 sum8(const __m256 x[8]) {
+  const __m256 a0 = _mm256_hadd_ps(x[0], x[1]), a1 = _mm256_hadd_ps(x[2], x[3]);
+  const __m256 a2 = _mm256_hadd_ps(x[4], x[5]), a3 = _mm256_hadd_ps(x[6], x[7]);
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);  // per 128-bit half: 4 sums each
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+// scores[t] = q . k(t) for the 16 entries k [16, d], 8 at a time: each an 8-lane fused multiply-add chain over
+// d, then sum8.
+inline void dot16(const float* q, const float* k, int d, float* scores) {
+  for (int half = 0; half < 2; ++half) {
+    const float* kh = k + half * 8 * d;
+    __m256 acc[8];
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kh + t * d));
+    for (int i = 8; i < d; i += 8) {
+      const __m256 qi = _mm256_loadu_ps(q + i);
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kh + t * d + i), acc[t]);
+    }
+    _mm256_storeu_ps(scores + half * 8, sum8(acc));
+  }
+}
+
+// acc_r = sum over t < len_r of w_r(t) v(t), t ascending: per row, 64 lanes of D at a time in registers.
+inline void weighted_sum_any(int nc, float* const* out, const float* const* w, const int64_t* len, int n,
+                             const float* v) {
+  const int d = nc * kLanes;
+  for (int r = 0; r < n; ++r)
+    for (int c0 = 0; c0 < d; c0 += 64) {
+      const int chunks = std::min(8, (d - c0) / 8);
+      __m256 acc[8];
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+      for (int64_t t = 0; t < len[r]; ++t) {
+        const __m256 x = _mm256_set1_ps(w[r][t]);
+        const float* vt = v + t * d + c0;
+        for (int c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(x, _mm256_loadu_ps(vt + c * 8), acc[c]);
+      }
+      for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out[r] + c0 + c * 8, acc[c]);
+    }
+}
+template <int NC>
+inline void weighted_sum(float* const* out, const float* const* w, const int64_t* len, int n, const float* v) {
+  weighted_sum_any(NC, out, w, len, n, v);
 }
 #else
 inline void dot16(const float* q, const float* k, int d, float* scores) {
@@ -183,6 +229,49 @@ inline void softmax(float* x, const float* bias, float scale, int64_t len, int64
   }
   const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
   for (int64_t t = 0; t < padded; t += 16) _mm512_storeu_ps(x + t, _mm512_mul_ps(_mm512_loadu_ps(x + t), inv));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline __m256 exp8(__m256 x) {  // exp_neg, 8 lanes
+  const __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(kept, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+inline float reduce8(__m256 x, bool max) {  // one fixed order: halves, then pairs, then the last two
+  __m128 h = max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))
+                 : _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  h = max ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = max ? _mm_max_ss(h, _mm_shuffle_ps(h, h, 1)) : _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// x[0, len) := softmax(x * scale + bias) in place, x[len, padded) := 0, 8 lanes at a time (padded: a multiple
+// of 16); a row's result depends on its len only (the lanes past it are -inf, then exactly 0).
+inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+  for (int64_t t = 0; t < padded; t += 8) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(std::max<int64_t>(len - t, 0), 8))), lane);
+    const __m256 b = bias ? _mm256_maskload_ps(bias + t, m) : _mm256_setzero_ps();
+    const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_fmadd_ps(_mm256_loadu_ps(x + t), _mm256_set1_ps(scale), b),
+                                      _mm256_castsi256_ps(m));
+    _mm256_storeu_ps(x + t, v);
+    top = _mm256_max_ps(top, v);
+  }
+  const __m256 high = _mm256_set1_ps(reduce8(top, true));
+  for (int64_t t = 0; t < padded; t += 8) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(std::max<int64_t>(len - t, 0), 8))), lane);
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(m), exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), high)));
+    _mm256_storeu_ps(x + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / reduce8(sum, false));
+  for (int64_t t = 0; t < padded; t += 8) _mm256_storeu_ps(x + t, _mm256_mul_ps(_mm256_loadu_ps(x + t), inv));
 }
 #else
 inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {

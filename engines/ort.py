@@ -33,8 +33,8 @@ class OrtEngine:
     attention: who computes the graph's GroupQueryAttention nodes, in this graph and the sibling graphs opened
     through ``open``: "ort" (ONNX Runtime's; the default here, and export's), "specrt" (specrt's CPU kernel,
     specrt/custom_ops: built on first use; EngineError saying what is missing when it cannot be) or "auto"
-    (the runtime's default: specrt's kernel on the CPU execution provider of a CPU with AVX-512 where the kernel
-    builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention`` counts a session's nodes on
+    (the runtime's default: specrt's kernel on the CPU execution provider of a CPU with AVX-512 or AVX2 where the
+    kernel builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention`` counts a session's nodes on
     specrt's kernel (0 where the graph has none, or one the kernel does not compute: all or none, custom_ops/).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
@@ -134,12 +134,13 @@ ATTENTION = ("auto", "ort", "specrt")  # who computes a graph's GroupQueryAttent
 
 @functools.lru_cache(maxsize=None)
 def kernel_pays() -> bool:
-    """Whether attention "auto" runs specrt's kernel here: the CPU has AVX-512 (the kernel's fast path; its
-    portable code is slower than ONNX Runtime's, docs/runtime.md) and the kernel builds. Where it does not
-    build, one warning per process says why (no C++ compiler, ...); graphs then run ONNX Runtime's attention."""
+    """Whether attention "auto" runs specrt's kernel here: the CPU has AVX-512 or AVX2 with FMA (the kernel's
+    vector code; its portable code is slower than ONNX Runtime's, docs/runtime.md) and the kernel builds. Where it
+    does not build, one warning per process says why (no C++ compiler, ...); graphs then run ONNX Runtime's."""
     from ..custom_ops import KernelError, attention_library, cpu_flags
 
-    if "avx512f" not in cpu_flags().split():
+    flags = set(cpu_flags().split())
+    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
         return False
     try:
         attention_library()

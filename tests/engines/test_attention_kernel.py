@@ -1,7 +1,8 @@
 """specrt's attention kernel (custom_ops/attention.cpp, ai.specrt::GroupQueryAttention) against ONNX Runtime's
 GroupQueryAttention on the same inputs, and the property the runtime relies on: a query row's output does not
 depend on the call's other rows (a decode step equals the same token's row of a verify pass, bit for bit).
-Both builds are checked: -march=native (AVX-512 here where the CPU has it) and x86-64-v3 (the code without it)."""
+Three builds are checked: -march=native (AVX-512 here where the CPU has it), x86-64-v3 (the AVX2 code) and
+x86-64-v2 (the portable code)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,12 +20,12 @@ def library(arch: str):
         pytest.skip(str(e).splitlines()[0])
 
 
-@pytest.fixture(scope="module", params=["native", "x86-64-v3"])
+@pytest.fixture(scope="module", params=["native", "x86-64-v3", "x86-64-v2"])
 def arch(request):
     if request.param != "native":
         import platform
         if platform.machine() != "x86_64":
-            pytest.skip("x86-64-v3 is an x86-64 target")
+            pytest.skip(f"{request.param} is an x86-64 target")
     return request.param
 
 
@@ -171,9 +172,9 @@ def test_a_machine_without_a_compiler_gets_a_clear_error(monkeypatch, tmp_path):
 
 def test_auto_attention_is_the_kernel_where_it_builds_else_ort_with_one_warning(monkeypatch, tmp_path,
                                                                                  llama_fused_engine):
-    """The runtime's default, "auto": specrt's kernel on an AVX-512 CPU where it builds; without a compiler, ONNX
-    Runtime's attention and one warning per process naming what is missing, and the engine still runs; on a CPU
-    without AVX-512, ONNX Runtime's (the kernel's portable code is slower)."""
+    """The runtime's default, "auto": specrt's kernel on a CPU with AVX-512 or AVX2 where it builds; without a
+    compiler, ONNX Runtime's attention and one warning per process naming what is missing, and the engine still
+    runs; on a CPU with neither, ONNX Runtime's (the kernel's portable code is slower)."""
     import warnings
 
     import specrt
@@ -182,8 +183,9 @@ def test_auto_attention_is_the_kernel_where_it_builds_else_ort_with_one_warning(
 
     monkeypatch.delenv("SPECRT_ATTENTION", raising=False)
     library("native")  # skips, saying why, where the kernel cannot be built here at all
-    if "avx512f" not in cpu_flags().split():
-        pytest.skip("attention auto runs specrt's kernel on CPUs with AVX-512; this one has none")
+    flags = set(cpu_flags().split())
+    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
+        pytest.skip("attention auto runs specrt's kernel on CPUs with AVX-512 or AVX2; this one has neither")
     ort_engine.kernel_pays.cache_clear()
     assert specrt.load(llama_fused_engine).target.engine.session.specrt_attention > 0
     assert specrt.load(llama_fused_engine, device="cpu", attention="ort").target.engine.session.specrt_attention == 0
@@ -195,7 +197,7 @@ def test_auto_attention_is_the_kernel_where_it_builds_else_ort_with_one_warning(
             rt = specrt.load(llama_fused_engine)
         assert rt.target.engine.session.specrt_attention == 0 and rt.target.engine.attention == "ort"
         assert len(rt.generate([1, 2, 3], max_new_tokens=4).token_ids) == 4
-        monkeypatch.setattr(custom_ops, "cpu_flags", lambda: "flags\t: fpu avx2 fma")  # a CPU without AVX-512
+        monkeypatch.setattr(custom_ops, "cpu_flags", lambda: "flags\t: fpu sse4_2 avx")  # neither AVX-512 nor AVX2
         ort_engine.kernel_pays.cache_clear()
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # ORT's attention, and nothing to warn about

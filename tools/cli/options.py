@@ -36,7 +36,7 @@ def sampling_options(f):
 
 ATTENTION_HELP = ("Who computes the graphs' attention: specrt (specrt's CPU kernel, built on first use with g++: see "
                   "docs/runtime.md), ort (ONNX Runtime's GroupQueryAttention) or auto (specrt's where it builds and "
-                  "the graphs run on a CPU with AVX-512, else ort's). Default: $SPECRT_ATTENTION, else auto.")
+                  "the graphs run on a CPU with AVX-512 or AVX2, else ort's). Default: $SPECRT_ATTENTION, else auto.")
 attention_option = click.option("--attention", default=None, type=click.Choice(["auto", "ort", "specrt"]),
                                 help=ATTENTION_HELP)
 
