@@ -2,6 +2,7 @@
 
     attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom op
                                ai.specrt::GroupQueryAttention (attention.cpp)
+    vector_code()              whether this CPU runs the kernel's vector code (AVX-512 or AVX2)
     use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
                                that kernel computes; returns how many
 
@@ -63,6 +64,13 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return ""
+
+
+def vector_code() -> bool:
+    """Whether this CPU runs the kernel's vector code (AVX-512, or AVX2 with FMA: attention.cpp) rather than its
+    portable code, which is slower than ONNX Runtime's attention (docs/runtime.md)."""
+    flags = set(cpu_flags().split())
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
 def attention_library(arch: str = "native") -> Path:

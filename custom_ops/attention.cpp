@@ -135,10 +135,6 @@ inline void weighted_sum_any(int nc, float* const* out, const float* const* w, c
       for (int c = 0; c < chunks; ++c) _mm256_storeu_ps(out[r] + c0 + c * 8, acc[c]);
     }
 }
-template <int NC>
-inline void weighted_sum(float* const* out, const float* const* w, const int64_t* len, int n, const float* v) {
-  weighted_sum_any(NC, out, w, len, n, v);
-}
 #else
 inline void dot16(const float* q, const float* k, int d, float* scores) {
   for (int t = 0; t < 16; ++t) {
@@ -160,7 +156,9 @@ inline void weighted_sum_any(int nc, float* const* out, const float* const* w, c
       for (int i = 0; i < nc * kLanes; ++i) o[i] = std::fma(w[r][t], v[t * nc * kLanes + i], o[i]);
   }
 }
-template <int NC>
+#endif
+#if !defined(__AVX512F__)
+template <int NC>  // (the AVX-512 code has register-blocked ones for 64, 128 and 256)
 inline void weighted_sum(float* const* out, const float* const* w, const int64_t* len, int n, const float* v) {
   weighted_sum_any(NC, out, w, len, n, v);
 }
@@ -212,9 +210,12 @@ inline __m512 exp16(__m512 x) {  // exp_neg, 16 lanes
 // x[0, len) := softmax(x * scale + bias) in place, x[len, padded) := 0 (padded: a multiple of 16).
 // Element-wise steps and 16-lane sums in one fixed order: a row's result depends on its len only.
 inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {
+  const auto valid = [&](int64_t t) {  // lanes t..t+15 below len
+    return len - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(len - t, 0)) - 1);
+  };
   __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
   for (int64_t t = 0; t < padded; t += 16) {
-    const __mmask16 m = len - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(len - t, 0)) - 1);
+    const __mmask16 m = valid(t);
     const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + t) : _mm512_setzero_ps();
     const __m512 v = _mm512_mask_blend_ps(m, _mm512_set1_ps(-INFINITY), _mm512_fmadd_ps(_mm512_loadu_ps(x + t), _mm512_set1_ps(scale), b));
     _mm512_storeu_ps(x + t, v);
@@ -222,7 +223,7 @@ inline void softmax(float* x, const float* bias, float scale, int64_t len, int64
   }
   const __m512 high = _mm512_set1_ps(_mm512_reduce_max_ps(top));
   for (int64_t t = 0; t < padded; t += 16) {
-    const __mmask16 m = len - t >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(len - t, 0)) - 1);
+    const __mmask16 m = valid(t);
     const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + t), high)));
     _mm512_storeu_ps(x + t, e);
     sum = _mm512_add_ps(sum, e);
@@ -254,18 +255,21 @@ inline float reduce8(__m256 x, bool max) {  // one fixed order: halves, then pai
 // of 16); a row's result depends on its len only (the lanes past it are -inf, then exactly 0).
 inline void softmax(float* x, const float* bias, float scale, int64_t len, int64_t padded) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const auto valid = [&](int64_t t) {  // lanes t..t+7 below len: all ones
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(len - t, 0, 8))), lane);
+  };
   __m256 top = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
   for (int64_t t = 0; t < padded; t += 8) {
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(std::max<int64_t>(len - t, 0), 8))), lane);
+    const __m256i m = valid(t);
     const __m256 b = bias ? _mm256_maskload_ps(bias + t, m) : _mm256_setzero_ps();
-    const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_fmadd_ps(_mm256_loadu_ps(x + t), _mm256_set1_ps(scale), b),
-                                      _mm256_castsi256_ps(m));
+    const __m256 scaled = _mm256_fmadd_ps(_mm256_loadu_ps(x + t), _mm256_set1_ps(scale), b);
+    const __m256 v = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), scaled, _mm256_castsi256_ps(m));
     _mm256_storeu_ps(x + t, v);
     top = _mm256_max_ps(top, v);
   }
   const __m256 high = _mm256_set1_ps(reduce8(top, true));
   for (int64_t t = 0; t < padded; t += 8) {
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(std::max<int64_t>(len - t, 0), 8))), lane);
+    const __m256i m = valid(t);
     const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(m), exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), high)));
     _mm256_storeu_ps(x + t, e);
     sum = _mm256_add_ps(sum, e);

@@ -34,8 +34,9 @@ class OrtEngine:
     through ``open``: "ort" (ONNX Runtime's; the default here, and export's), "specrt" (specrt's CPU kernel,
     specrt/custom_ops: built on first use; EngineError saying what is missing when it cannot be) or "auto"
     (the runtime's default: specrt's kernel on the CPU execution provider of a CPU with AVX-512 or AVX2 where the
-    kernel builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention`` counts a session's nodes on
-    specrt's kernel (0 where the graph has none, or one the kernel does not compute: all or none, custom_ops/).
+    kernel builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention``
+    counts a session's nodes on specrt's kernel (0 where the graph has none, or one the kernel does not compute:
+    all or none, custom_ops/).
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -137,10 +138,9 @@ def kernel_pays() -> bool:
     """Whether attention "auto" runs specrt's kernel here: the CPU has AVX-512 or AVX2 with FMA (the kernel's
     vector code; its portable code is slower than ONNX Runtime's, docs/runtime.md) and the kernel builds. Where it
     does not build, one warning per process says why (no C++ compiler, ...); graphs then run ONNX Runtime's."""
-    from ..custom_ops import KernelError, attention_library, cpu_flags
+    from ..custom_ops import KernelError, attention_library, vector_code
 
-    flags = set(cpu_flags().split())
-    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
+    if not vector_code():
         return False
     try:
         attention_library()

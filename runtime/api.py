@@ -149,7 +149,7 @@ class Runtime:
     def load(cls, engine_dir: str | Path, backend: str = "ort", **engine_options) -> "Runtime":
         """``engine_options`` go to every graph's engine (ort: threads, spinning, attention, providers, ...);
         with the ort backend, ``attention`` defaults to $SPECRT_ATTENTION where it is set, else "auto" (specrt's
-        CPU kernel where it builds and the graphs run on the CPU, else ONNX Runtime's: engines/ort.py)."""
+        CPU kernel where it builds and pays, else ONNX Runtime's: ``OrtEngine``, engines/ort.py)."""
         from tokenizers import Tokenizer
 
         if backend == "ort":

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper
 
-from specrt.custom_ops import KernelError, attention_library, cpu_flags, use_specrt_attention
+from specrt.custom_ops import KernelError, attention_library, use_specrt_attention, vector_code
 
 
 def library(arch: str):
@@ -183,8 +183,7 @@ def test_auto_attention_is_the_kernel_where_it_builds_else_ort_with_one_warning(
 
     monkeypatch.delenv("SPECRT_ATTENTION", raising=False)
     library("native")  # skips, saying why, where the kernel cannot be built here at all
-    flags = set(cpu_flags().split())
-    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
+    if not vector_code():
         pytest.skip("attention auto runs specrt's kernel on CPUs with AVX-512 or AVX2; this one has neither")
     ort_engine.kernel_pays.cache_clear()
     assert specrt.load(llama_fused_engine).target.engine.session.specrt_attention > 0
