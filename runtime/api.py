@@ -188,12 +188,16 @@ class Runtime:
     # ---- the pieces the decode core is built from ---------------------------------------------
     def runner(self, role: str, max_batch: int):
         """A new (runner, LatencyCurve) pair for the "target" or "draft" graph with ``max_batch`` slots;
-        the runner records the time of every decode call into the curve."""
+        the runner records the time of every decode call into the curve but the first of each shape."""
         graph = self.target if role == "target" else self.draft
         curve = LatencyCurve()
+        shapes = set()  # (batch, q) of the calls run so far
 
         def on_call(batch: int, q: int, seconds: float) -> None:
-            curve.record(batch * q, seconds)
+            if (batch, q) in shapes:
+                curve.record(batch * q, seconds)
+            else:  # a shape's first call also pays ONNX Runtime's one-time setup of it (memory planning, buffers):
+                shapes.add((batch, q))  # 1.2-2x a steady call here; recorded, it priced plain steps too high
 
         if self.runner_factory is not None:
             return self.runner_factory(graph, max_batch, on_call), curve

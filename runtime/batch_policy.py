@@ -44,7 +44,8 @@ class LatencyCurve:
     """Seconds of one call as a function of its size n, from noisy measurements.
 
     Per measured n an EWMA, where one sample counts at most ``spike`` times the current estimate
-    (a call preempted by other load does not swing the policy). Read back as a non-decreasing
+    (a call preempted by other load does not swing the policy; a new n between measured ones: the
+    curve's estimate there). Read back as a non-decreasing
     curve (more positions never cost less; violations are pooled, not maxed, so noise at a small
     n does not inflate every larger one), linearly interpolated between measured sizes, flat
     below the smallest, and extended with the last segment's slope beyond the largest.
@@ -61,8 +62,9 @@ class LatencyCurve:
 
     def record(self, n: int, seconds: float) -> None:
         old = self.points.get(n)
-        if old is None:
-            self.points[n] = seconds
+        if old is None:  # a new size between measured ones: at most spike times what its neighbours say
+            inside = self.points and min(self.points) < n < max(self.points)
+            self.points[n] = min(seconds, self.spike * self.seconds(n)) if inside else seconds
         else:
             self.points[n] = self.decay * old + (1 - self.decay) * min(seconds, self.spike * old)
         self._curve = None

@@ -42,7 +42,7 @@ from .methods import by_method, cache_owner, fixed_gamma, parse_methods, target_
 from .proposers import EMPTY, NoProposer, Proposal, Proposer, constrained
 from .sampling import SamplingError, check_logit_bias, next_token, process_logits, top_logprobs
 from .stats import sequence_stats
-from .target_pass import pack, time_pass
+from .target_pass import pack, time_passes
 from .text import IncrementalDetokenizer, StopMatcher, StreamEvent
 from .verify import ACCEPTANCE, verify
 
@@ -436,8 +436,8 @@ class DecodeCore:
     def calibrate(self, past: int | None = None, reps: int = 3) -> None:
         """Time target passes for B = 1, 2, 4, .., max_batch (Q = 1..γmax+1 at B = 1; Q = 1, γmax+1 or
         the tree size above) and draft passes at Q = 1, on stale cache entries of length ``past``. The
-        fastest of ``reps`` runs after a warm-up goes into the curves (a burst of other load does not
-        skew them); shapes the curves already hold are skipped. Only while idle."""
+        fastest of ``reps`` runs after a warm-up goes into the curves, the shapes taking turns (a burst of other
+        load does not skew them); sizes the curves already hold are skipped. Only while idle."""
         if self.rows:
             raise RuntimeError("calibrate only while no sequence is active")
         self.prefix.clear()  # the timed passes write into the slots
@@ -455,12 +455,15 @@ class DecodeCore:
         if draft is not None and draft.runner is not None:  # (a caller's own proposer may have no draft model)
             plan.append((draft.runner, self.policies["draft"].draft_curve, lambda b: (1,)))
         for runner, curve, shapes in plan:
+            todo = {}  # n -> the first (b, q) of that many positions the curve does not hold
             for b in sizes:
                 for q in shapes(b):
                     if b * q not in curve.points:
-                        curve.record(b * q, time_pass(runner, b, q, past, reps))
-                for slot in range(b):
-                    runner.set_length(slot, 0)
+                        todo.setdefault(b * q, (b, q))
+            for (b, q), seconds in time_passes(runner, list(todo.values()), past, reps).items():
+                curve.record(b * q, seconds)
+            for slot in range(max(sizes)):
+                runner.set_length(slot, 0)
 
 
 def check_config(config: CoreConfig, gamma_max: int) -> None:

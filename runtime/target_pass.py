@@ -1,4 +1,4 @@
-"""The decode core's target pass: its inputs for a batch of rows (``pack``), and its timing (``time_pass``)."""
+"""The decode core's target pass: its inputs for a batch of rows (``pack``), and its timing (``time_passes``)."""
 from __future__ import annotations
 
 import time
@@ -6,18 +6,20 @@ import time
 import numpy as np
 
 
-def time_pass(runner, batch: int, q: int, past: int, reps: int) -> float:
-    """The fastest of ``reps`` calls (after a warm-up) of [batch, q] tokens after ``past`` stale entries."""
-    slots, ids = np.arange(batch), np.zeros((batch, q), np.int64)
-    for slot in slots:
+def time_passes(runner, shapes: list[tuple[int, int]], past: int, reps: int) -> dict[tuple[int, int], float]:
+    """(batch, q) -> the fastest of ``reps`` calls (after a warm-up) of [batch, q] tokens after ``past`` stale
+    entries, the shapes' calls interleaved: a burst of other load slows one call of several shapes, not every
+    call of one (calibrated one shape at a time, a server started beside another priced some 1.5-2x)."""
+    for slot in range(max((b for b, _ in shapes), default=0)):
         runner.set_length(slot, past)
-    times = []
+    times = {shape: [] for shape in shapes}
     for i in range(reps + 1):
-        t0 = time.perf_counter()
-        runner.forward(slots, ids, record=False)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return min(times)
+        for b, q in shapes:
+            t0 = time.perf_counter()
+            runner.forward(np.arange(b), np.zeros((b, q), np.int64), record=False)
+            if i:
+                times[(b, q)].append(time.perf_counter() - t0)
+    return {shape: min(t) for shape, t in times.items()}
 
 
 def pack(rows: list, proposals: list):

@@ -197,6 +197,25 @@ def test_latency_curve_interpolates_and_extrapolates():
     assert c.points[4] == 4.5
 
 
+def test_latency_curve_caps_a_new_size_between_measured_ones():
+    c = LatencyCurve()
+    c.record(1, 1.0)
+    c.record(9, 3.0)
+    c.record(5, 10.0)  # a first call, say: at most 2x the interpolated 2.0
+    assert c.points[5] == 4.0
+    c.record(20, 30.0)  # beyond the largest measured size nothing bounds it (a ridge may start there)
+    assert c.points[20] == 30.0
+
+
+def test_runner_curve_leaves_out_each_shapes_first_call(rt):
+    """A shape's first call also pays ONNX Runtime's setup of it; priced in, it made plain steps look dear."""
+    runner, curve = rt.runner("target", 2)
+    for _ in range(3):
+        runner.forward([0, 1], [[5], [6]])
+    runner.forward([0], [[5, 6, 7]])
+    assert set(curve.points) == {2}  # (2, 1) twice after its first call; (1, 3) once: its first
+
+
 def test_latency_curve_is_non_decreasing_despite_noise():
     c = LatencyCurve()
     for n, t in ((1, 1.0), (2, 3.0), (4, 1.0), (8, 4.0)):  # n=2 was measured during a burst of other load

@@ -62,17 +62,41 @@ def test_interleaving_every_unit_once_per_step_in_rotating_order():
     units, tasks = ["a", "b", "c"], ["completion", "chat"]
     kept = serve_peers.jobs(units, 2, tasks, 0, keep=True)
     steps = [kept[i:i + 3] for i in range(0, len(kept), 3)]
-    assert [[u for u, _, _ in s] for s in steps] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-    assert [s[0][1:] for s in steps] == [(1, "completion"), (1, "chat"), (2, "completion"), (2, "chat")]
+    assert [[u for u, *_ in s] for s in steps] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert [s[0][1:] for s in steps] == [(0, 1, "completion"), (0, 1, "chat"), (0, 2, "completion"), (0, 2, "chat")]
     restarted = serve_peers.jobs(units, 2, tasks, 1, keep=False)  # one server at a time: its rounds back to back
-    assert [u for u, _, _ in restarted] == ["b"] * 4 + ["c"] * 4 + ["a"] * 4
-    assert [(r, t) for u, r, t in restarted[:4]] == [(1, "completion"), (1, "chat"), (2, "completion"), (2, "chat")]
+    assert [u for u, *_ in restarted] == ["b"] * 4 + ["c"] * 4 + ["a"] * 4
+    assert [(r, t) for u, _, r, t in restarted[:4]] == [(1, "completion"), (1, "chat"), (2, "completion"), (2, "chat")]
+    repeated = serve_peers.jobs(units, 2, tasks, 0, keep=True, repeats=2)  # repeat 1: its own rounds, rotation going on
+    assert len(repeated) == 24 and [j[1:] for j in repeated[12::3]] == [(1, 1, "completion"), (1, 1, "chat"),
+                                                                       (1, 2, "completion"), (1, 2, "chat")]
+    assert [u for u, *_ in repeated[12:15]] == ["b", "c", "a"]
 
 
-def record(system, method, tps, rnd=1, clients=1, texts=("x",)):
+def record(system, method, tps, rnd=1, clients=1, texts=("x",), repeat=0):
     return {"system": system, "precision": "int4", "weights": "int4" if system == "specrt" else "Q4_0",
-            "method": method, "task": "chat", "round": rnd, "clients": clients, "tokens_per_s": tps,
+            "method": method, "task": "chat", "round": rnd, "repeat": repeat, "clients": clients, "tokens_per_s": tps,
             "tokens": 10, "wall_s": 1.0, "texts": list(texts)}
+
+
+def test_repeats_report_medians_and_each_method_against_plain_in_its_own_repeat():
+    from specrt.tools.bench.serve_peers_report import POLICY_GOAL
+
+    records = [record("specrt", "none", tps, repeat=k) for k, tps in enumerate((100, 80, 90))]
+    records += [record("specrt", "ngram", tps, repeat=k) for k, tps in enumerate((105, 76, 99))]  # 1.05, 0.95, 1.1
+    records += [record("llama.cpp", "none", 90, repeat=k) for k in range(3)]
+    same_as_plain(records)
+    assert all(r["same_as_plain"] == 1.0 for r in records if r["method"] == "ngram")  # plain of its own repeat
+    row = summary(records)[0]
+    assert row["specrt_plain"] == 90 and row["specrt_best"] == 99 and row["specrt_best_method"] == "ngram"
+    assert row["specrt_vs_plain"] == {"ngram": pytest.approx(1.05)}  # paired ratios' median, not 99 / 90
+    policy = next(g for g in goals([row]) if g["goal"] == POLICY_GOAL)
+    assert policy["status"] == "MET"
+    records.append(record("specrt", "suffix", 85, repeat=0))
+    policy = next(g for g in goals(summary(records)) if g["goal"] == POLICY_GOAL)
+    assert policy["status"] == "NOT MET" and policy["short"] == ["chat r1 c1 suffix: 0.85x"]
+    assert "| int4 | chat | 1 | 1 | ngram 1.05x, suffix 0.85x |" in markdown(
+        {"rows": summary(records), "goals": [], "missing": {}, "runs": []})
 
 
 def test_report_best_vs_best_and_goals():

