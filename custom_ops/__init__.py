@@ -34,7 +34,9 @@ SOURCE = Path(__file__).with_name("attention.cpp")
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
-FLAGS = ("-O3", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
+# -ffp-contract=fast: GCC's default here, spelled out because libspecrt compiles the same file (runtime/cpp) and the
+# two builds must contract the same multiply-adds into FMAs to give the same bits
+FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
 # GroupQueryAttention attributes the kernel computes (absent = ONNX Runtime's default, the same values)
 SUPPORTED_ATTRIBUTES = {"num_heads": None, "kv_num_heads": None, "scale": None, "do_rotary": (1,),
                         "rotary_interleaved": (0,), "local_window_size": (-1,), "softcap": (0.0,),

@@ -13,8 +13,9 @@
 //
 // Vector code for AVX-512, for AVX2 with FMA, and portable code for the rest (slower than ONNX Runtime's).
 // Built by custom_ops/__init__.py (one g++ call, -O3 -march=native, cached) and registered in a session
-// with SessionOptions.register_custom_ops_library. Engine dirs keep the standard op: the same module
-// renames, in the session's copy of a graph, the domain of the nodes this kernel computes.
+// with SessionOptions.register_custom_ops_library; libspecrt compiles it in (runtime/cpp/CMakeLists.txt).
+// Engine dirs keep the standard op: the same module (and libspecrt's src/kernel_attention.cpp) renames,
+// in the session's copy of a graph, the domain of the nodes this kernel computes.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -518,7 +519,10 @@ AttentionOp attention_op;
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+#ifndef SPECRT_KERNEL_EXPORT  // libspecrt compiles this file in and keeps the symbol to itself (runtime/cpp)
+#define SPECRT_KERNEL_EXPORT __attribute__((visibility("default")))
+#endif
+extern "C" SPECRT_KERNEL_EXPORT OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   Ort::InitApi(api_base->GetApi(ORT_API_VERSION));
   try {

@@ -52,7 +52,8 @@ class CppGeneration:
 class CppTextEngine:
     """An engine dir opened by libspecrt, with the engine dir's tokenizer for text in and out."""
 
-    def __init__(self, engine_dir: str | os.PathLike, threads: int = 0, library: str | os.PathLike | None = None):
+    def __init__(self, engine_dir: str | os.PathLike, threads: int = 0, library: str | os.PathLike | None = None,
+                 attention: str | None = None):
         from tokenizers import Tokenizer
 
         self.manifest = load_manifest(engine_dir)  # a clear EngineError for a bad engine dir
@@ -61,7 +62,7 @@ class CppTextEngine:
             self.lib = libspecrt.load_library(find_library(library))
         except OSError as e:
             raise CppSetupError(f"libspecrt could not be loaded ({e}); rebuild it with\n  {BUILD_HINT}") from e
-        self.engine = libspecrt.CppEngine(self.lib, self.manifest.root, threads=threads)
+        self.engine = libspecrt.CppEngine(self.lib, self.manifest.root, threads=threads, attention=attention)
 
     def encode(self, prompt) -> list[int]:
         """The prompt's ids: text encoded as the Python runtime encodes it (no special tokens added),

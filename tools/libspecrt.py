@@ -42,7 +42,8 @@ class _Result(ctypes.Structure):
 
 
 class _OpenOptions(ctypes.Structure):
-    _fields_ = [("ort_library", ctypes.c_char_p), ("intra_op_threads", ctypes.c_int), ("spin_duration_us", ctypes.c_int)]
+    _fields_ = [("ort_library", ctypes.c_char_p), ("intra_op_threads", ctypes.c_int), ("spin_duration_us", ctypes.c_int),
+                ("attention", ctypes.c_char_p)]
 
 
 class _Params(ctypes.Structure):
@@ -62,9 +63,10 @@ def load_library(path: str | Path) -> ctypes.CDLL:
     lib.specrt_version.restype = ctypes.c_char_p
     lib.specrt_engine_default_method.restype = ctypes.c_char_p
     lib.specrt_engine_ort_version.restype = ctypes.c_char_p
+    lib.specrt_engine_attention.restype = ctypes.c_char_p
     lib.specrt_engine_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(_OpenOptions), ctypes.POINTER(ctypes.c_void_p)]
     lib.specrt_engine_close.argtypes = [ctypes.c_void_p]
-    for name in ("max_len", "vocab_size", "gamma", "default_method", "ort_version"):
+    for name in ("max_len", "vocab_size", "gamma", "default_method", "ort_version", "attention"):
         getattr(lib, f"specrt_engine_{name}").argtypes = [ctypes.c_void_p]
     lib.specrt_open_options_init.argtypes = [ctypes.POINTER(_OpenOptions)]
     lib.specrt_generate_params_init.argtypes = [ctypes.POINTER(_Params)]
@@ -84,17 +86,20 @@ class CppOutput:
 class CppEngine:
     """An engine dir opened by libspecrt. ``library``: a loaded ``load_library`` CDLL."""
 
-    def __init__(self, library: ctypes.CDLL, engine_dir: str | Path, threads: int = 0, ort_library: str | None = None):
+    def __init__(self, library: ctypes.CDLL, engine_dir: str | Path, threads: int = 0, ort_library: str | None = None,
+                 attention: str | None = None):
         self.lib = library
         options = _OpenOptions()
         library.specrt_open_options_init(ctypes.byref(options))
         options.intra_op_threads = threads
         options.ort_library = ort_library.encode() if ort_library else None
+        options.attention = attention.encode() if attention else None  # None: $SPECRT_ATTENTION, else auto
         self.handle = ctypes.c_void_p()
         self._check(library.specrt_engine_open(str(engine_dir).encode(), ctypes.byref(options), ctypes.byref(self.handle)))
         self.max_len = library.specrt_engine_max_len(self.handle)
         self.vocab_size = library.specrt_engine_vocab_size(self.handle)
         self.default_method = library.specrt_engine_default_method(self.handle).decode()
+        self.attention = library.specrt_engine_attention(self.handle).decode()  # "specrt" | "ort": the target's
 
     def _check(self, status: int) -> None:
         if status:

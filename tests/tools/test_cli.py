@@ -197,7 +197,7 @@ def test_ctrl_c_stops_training_with_exit_130_and_a_checkpoint(tmp_path):
 
 def test_generate_and_serve_on_specrt_attention(runner, llama_fused_engine, specrt_attention, monkeypatch):
     """--attention specrt: generate runs the graphs' attention on specrt's kernel (greedy speculation still equals
-    plain); serve hands it to the app it builds; the C++ runtime and the torch backend refuse it."""
+    plain); serve hands it to the app it builds; the C++ runtime runs it too (libspecrt compiles the kernel in)."""
     import specrt.runtime.serve.app as app_module
     from specrt.runtime.serve.app import AppSpec, ServerConfig, build_app
 
@@ -210,8 +210,8 @@ def test_generate_and_serve_on_specrt_attention(runner, llama_fused_engine, spec
         out[method] = json.loads(res.output)["token_ids"]
     assert out["ngram"] == out["none"]
     res = runner.invoke(cli, ["generate", str(llama_fused_engine), "--prompt", "hi", "--attention", "specrt",
-                              "--runtime", "cpp"])
-    assert res.exit_code != 0 and "--attention specrt runs with --backend ort and the python runtime" in res.output
+                              "--backend", "torch"])
+    assert res.exit_code != 0 and "--attention specrt runs with --backend ort" in res.output
     seen = {}
 
     def fake_build_app(spec):

@@ -41,12 +41,12 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
         raise click.UsageError("give exactly one of --prompt and --prompt-file")
     if system is not None and not chat:
         raise click.UsageError("--system needs --chat")
-    if attention == "specrt" and (backend != "ort" or runtime_kind == "cpp"):
-        raise click.UsageError("--attention specrt runs with --backend ort and the python runtime")
+    if attention == "specrt" and backend != "ort":
+        raise click.UsageError("--attention specrt runs with --backend ort")
     text = prompt if prompt is not None else prompt_file.read()
     if runtime_kind == "cpp":
         return generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
-                            **sampling)
+                            attention, **sampling)
     options = {k: v for k, v in (("device", device), ("threads", threads)) if v}
     if attention and backend == "ort":  # auto elsewhere: nothing to choose
         options["attention"] = attention
@@ -76,7 +76,7 @@ def generate(engine_dir, prompt, prompt_file, chat, system, as_json, backend, de
 
 
 def generate_cpp(engine_dir, text, chat, system, as_json, backend, device, providers, threads, cpp_lib,
-                 acceptance, **sampling):
+                 attention, acceptance, **sampling):
     """--runtime cpp: libspecrt's decode loop (tools/cpp_generate.py), the same text and summary."""
     from ...engines import EngineError
     from ..cpp_generate import CppSetupError, CppTextEngine
@@ -90,7 +90,7 @@ def generate_cpp(engine_dir, text, chat, system, as_json, backend, device, provi
     if providers:
         raise click.UsageError("--providers needs --runtime python (libspecrt runs ONNX Runtime's CPU provider)")
     try:
-        engine = CppTextEngine(engine_dir, threads=threads or 0, library=cpp_lib)
+        engine = CppTextEngine(engine_dir, threads=threads or 0, library=cpp_lib, attention=attention)
         if chat:
             text = chat_prompt(engine, text, system)
         write = None if as_json else (lambda delta: (sys.stdout.write(delta), sys.stdout.flush()))

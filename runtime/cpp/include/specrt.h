@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct below or a function's signature changes; compare with specrt_abi_version(). */
-#define SPECRT_ABI_VERSION 1
+#define SPECRT_ABI_VERSION 2
 
 #if defined(SPECRT_BUILDING) && defined(__GNUC__)
 #define SPECRT_API __attribute__((visibility("default")))
@@ -51,6 +51,9 @@ typedef struct specrt_open_options {
   const char *ort_library;  /* path of libonnxruntime.so (NULL: see the header comment) */
   int intra_op_threads;     /* target graph's ONNX Runtime intra-op threads (0: ORT's default); the draft uses 1 */
   int spin_duration_us;     /* how long idle pool threads spin (µs) before sleeping; -1: ORT's default */
+  const char *attention;    /* who computes the graphs' attention: "specrt" (specrt's CPU kernel, compiled in), "ort"
+                               (ONNX Runtime's) or "auto" (the kernel where this build has its AVX-512 or AVX2 code);
+                               NULL: $SPECRT_ATTENTION, else "auto" (docs/cpp.md) */
 } specrt_open_options;
 
 typedef struct specrt_generate_params {
@@ -106,12 +109,14 @@ SPECRT_API specrt_status specrt_engine_open(const char *engine_dir, const specrt
 SPECRT_API void specrt_engine_close(specrt_engine *engine);
 
 /* Engine facts: the KV-cache capacity in tokens, the vocabulary size, the exported gamma, the
- * default method ("none"/"draft"/"ngram"/... as the manifest says) and the ONNX Runtime version. */
+ * default method ("none"/"draft"/"ngram"/... as the manifest says), the ONNX Runtime version and who
+ * computes the target graph's attention ("specrt" or "ort"). */
 SPECRT_API int specrt_engine_max_len(const specrt_engine *engine);
 SPECRT_API int specrt_engine_vocab_size(const specrt_engine *engine);
 SPECRT_API int specrt_engine_gamma(const specrt_engine *engine);
 SPECRT_API const char *specrt_engine_default_method(const specrt_engine *engine);
 SPECRT_API const char *specrt_engine_ort_version(const specrt_engine *engine);
+SPECRT_API const char *specrt_engine_attention(const specrt_engine *engine);
 
 /* Generate after prompt (1..max_len-1 ids). Writes at most out_capacity ids to out (out_capacity must
  * be >= params->max_new_tokens); callback may be NULL. result receives count, finish reason, stats. */

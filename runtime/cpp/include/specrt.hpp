@@ -55,6 +55,7 @@ class Engine {
   int max_len() const { return specrt_engine_max_len(handle_); }
   int vocab_size() const { return specrt_engine_vocab_size(handle_); }
   std::string default_method() const { return specrt_engine_default_method(handle_); }
+  std::string attention() const { return specrt_engine_attention(handle_); }  // "specrt" | "ort"
 
   // on_token: called per generated token; return false to stop. An exception it throws stops the
   // generation and is rethrown here.

@@ -59,7 +59,7 @@ const char *specrt_finish_reason_name(int reason) {
 }
 
 void specrt_open_options_init(specrt_open_options *o) {
-  if (o) *o = specrt_open_options{nullptr, 0, Engine::Options{}.spin_duration_us};
+  if (o) *o = specrt_open_options{nullptr, 0, Engine::Options{}.spin_duration_us, nullptr};
 }
 
 void specrt_generate_params_init(specrt_generate_params *p) {
@@ -76,6 +76,7 @@ specrt_status specrt_engine_open(const char *engine_dir, const specrt_open_optio
       o.ort_library = options->ort_library ? options->ort_library : "";
       o.intra_op_threads = options->intra_op_threads;
       o.spin_duration_us = options->spin_duration_us;
+      o.attention = options->attention ? options->attention : "";
     }
     auto *e = new specrt_engine{Engine(engine_dir, o), ""};
     e->default_method = e->engine.default_method();
@@ -90,6 +91,7 @@ int specrt_engine_vocab_size(const specrt_engine *e) { return e ? e->engine.mani
 int specrt_engine_gamma(const specrt_engine *e) { return e ? e->engine.manifest().gamma : 0; }
 const char *specrt_engine_default_method(const specrt_engine *e) { return e ? e->default_method.c_str() : ""; }
 const char *specrt_engine_ort_version(const specrt_engine *) { return ort_version().c_str(); }
+const char *specrt_engine_attention(const specrt_engine *e) { return e && e->engine.target_on_kernel() ? "specrt" : "ort"; }
 
 specrt_status specrt_generate(specrt_engine *engine, const int64_t *prompt, size_t prompt_len,
                               const specrt_generate_params *params, specrt_token_callback callback, void *user_data,

@@ -11,9 +11,10 @@ namespace specrt::impl {
 Engine::Engine(const std::string &engine_dir, const Options &options) : manifest_(load_manifest(engine_dir)) {
   Ort::Env &env = ort_env(ort_library_path(options.ort_library));
   target_ = std::make_unique<Graph>(env, manifest_.root, manifest_.target(), manifest_.max_len, options.intra_op_threads,
-                                    options.spin_duration_us);
+                                    options.spin_duration_us, options.attention);
   if (const GraphSpec *d = manifest_.draft())  // one thread: a draft step is too small to gain from a pool
-    draft_ = std::make_unique<Graph>(env, manifest_.root, *d, manifest_.max_len, 1, options.spin_duration_us);
+    draft_ = std::make_unique<Graph>(env, manifest_.root, *d, manifest_.max_len, 1, options.spin_duration_us,
+                                     options.attention);
   target_curve_ = LatencyCurve(manifest_.gamma + 1);
   policy_ = GammaPolicy(manifest_.gamma, 8);
 }

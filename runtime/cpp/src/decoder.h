@@ -45,11 +45,13 @@ class Engine {
     std::string ort_library;  // "" : ort_library_path's default
     int intra_op_threads = 0; // target graph (0: ORT's default); the draft runs on 1
     int spin_duration_us = 20;  // engines/ort.py DEFAULT_SPIN_US; -1: ORT's default
+    std::string attention;      // "auto" | "ort" | "specrt"; "": $SPECRT_ATTENTION, else auto (src/kernel_attention.h)
   };
   Engine(const std::string &engine_dir, const Options &options);
 
   Generation generate(const GenerateRequest &request, const TokenCallback &on_token = nullptr);
   const Manifest &manifest() const { return manifest_; }
+  bool target_on_kernel() const { return target_->on_kernel(); }  // its attention on specrt's kernel
   std::string default_method() const;  // defaults.method, else "draft" if there is a draft, else "ngram"
 
  private:

@@ -1,8 +1,11 @@
 #include "graph.h"
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "error.h"
+#include "kernel_attention.h"
 
 namespace specrt::impl {
 namespace {
@@ -33,9 +36,34 @@ Ort::Session open_session(Ort::Env &env, const std::string &root, const std::str
   }
 }
 
+// `file`'s session with its attention nodes on specrt's kernel (src/kernel_attention.h), or a null session where
+// the kernel does not compute them; `kernel_options` hold the kernel and name `root` for the external weights.
+Ort::Session open_on_kernel(Ort::Env &env, const std::string &root, const std::string &file,
+                            const Ort::SessionOptions &kernel_options) {
+  std::ifstream in(root + "/" + file, std::ios::binary);
+  if (!in) throw EngineError("graph file missing: " + root + "/" + file);
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  int nodes = 0;
+  std::string model;
+  try {
+    model = kernel_attention_model(bytes.str(), nodes);
+  } catch (const EngineError &e) {
+    throw EngineError("ONNX Runtime cannot load " + file + ": " + e.what());
+  }
+  if (!nodes) return Ort::Session{nullptr};
+  try {
+    return Ort::Session(env, model.data(), model.size(), kernel_options);
+  } catch (const Ort::Exception &e) {
+    std::string what = e.what();
+    throw EngineError("ONNX Runtime cannot load " + file + ": " + what.substr(0, what.find('\n')));
+  }
+}
+
 }  // namespace
 
-Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us)
+Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us,
+             const std::string &attention)
     : spec_(spec), max_len_(max_len), elem_(spec.dtype == "fp16" ? 2 : 4),
       kv_type_(elem_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT),
       in_place_(spec.kv_layout == "in_place") {
@@ -43,9 +71,18 @@ Graph::Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int 
   options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (threads > 0) options.SetIntraOpNumThreads(threads);
   if (spin_us >= 0) options.AddConfigEntry("session.intra_op.spin_duration_us", std::to_string(spin_us).c_str());
+  if (resolve_attention(attention) == "specrt") {
+    Ort::SessionOptions kernel_options = options.Clone();  // graphs load from bytes: their weights are in root
+    kernel_options.AddConfigEntry("session.model_external_initializers_file_folder_path", root.c_str());
+    register_kernel(kernel_options);
+    // the kernel computes each row the same whatever the call: decode steps need no padded graph (custom_ops/)
+    session_ = open_on_kernel(env, root, spec.file, kernel_options);
+    if (session_ && !spec.prefill_file.empty()) prefill_session_ = open_on_kernel(env, root, spec.prefill_file, kernel_options);
+  }
+  on_kernel_ = static_cast<bool>(session_);
   // batch 1: every call is one row, so the padded graph (decode_file) replaces the fused one where there is one
-  session_ = open_session(env, root, spec.decode_file.empty() ? spec.file : spec.decode_file, options);
-  if (!spec.prefill_file.empty()) prefill_session_ = open_session(env, root, spec.prefill_file, options);
+  if (!session_) session_ = open_session(env, root, spec.decode_file.empty() ? spec.file : spec.decode_file, options);
+  if (!prefill_session_ && !spec.prefill_file.empty()) prefill_session_ = open_session(env, root, spec.prefill_file, options);
   input_names_ = contract_inputs(spec.num_layers, spec.kv_layout);
   output_names_ = contract_outputs(spec.num_layers, false, spec.kv_layout);  // `hidden` is not fetched
   for (const auto &n : input_names_) input_ptrs_.push_back(n.c_str());

@@ -17,8 +17,10 @@ namespace specrt::impl {
 
 class Graph {
  public:
-  // threads: intra-op threads (0: ORT's default); spin_us: pool spin duration (-1: ORT's default).
-  Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us);
+  // threads: intra-op threads (0: ORT's default); spin_us: pool spin duration (-1: ORT's default); attention:
+  // "auto" | "ort" | "specrt" ("": $SPECRT_ATTENTION, else auto), src/kernel_attention.h.
+  Graph(Ort::Env &env, const std::string &root, const GraphSpec &spec, int max_len, int threads, int spin_us,
+        const std::string &attention = "");
 
   // Run `ids` [q] after the valid entries; returns logits [q, vocab] (valid until the next call).
   // Changes no length: commit what to keep.
@@ -31,6 +33,7 @@ class Graph {
   int length() const { return length_; }
   int room() const { return max_len_ - length_; }
   int vocab() const { return spec_.vocab_size; }
+  bool on_kernel() const { return on_kernel_; }  // its attention runs on specrt's kernel (else ONNX Runtime's)
 
   double engine_seconds = 0;  // time inside Session::Run
   int64_t calls = 0;          // Session::Run calls
@@ -47,6 +50,7 @@ class Graph {
   ONNXTensorElementDataType kv_type_;  // the mask's and K/V's element type (the model dtype)
   size_t entry_bytes_;                // one time step of one plane: Hkv * D * elem
   bool in_place_;
+  bool on_kernel_ = false;
   Ort::Session session_{nullptr};
   Ort::Session prefill_session_{nullptr};  // spec.prefill_file's: prompt chunks (none: session_)
   Ort::MemoryInfo memory_{nullptr};

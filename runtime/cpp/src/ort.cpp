@@ -14,6 +14,7 @@ namespace {
 std::mutex load_mutex;
 std::unique_ptr<Ort::Env> env;  // created once, after the API is initialised; lives for the process
 std::string version;
+const OrtApiBase *api_base = nullptr;
 
 }  // namespace
 
@@ -42,11 +43,14 @@ Ort::Env &ort_env(const std::string &library) {
     throw RuntimeFailure("ONNX Runtime " + std::string(base->GetVersionString()) + " at " + library +
                          " is older than API version " + std::to_string(ORT_API_VERSION) + " that libspecrt needs");
   Ort::InitApi(api);
+  api_base = base;
   version = base->GetVersionString();
   env = std::make_unique<Ort::Env>(ORT_LOGGING_LEVEL_ERROR, "specrt");
   return *env;
 }
 
 const std::string &ort_version() { return version; }
+
+const OrtApiBase *ort_api_base() { return api_base; }
 
 }  // namespace specrt::impl

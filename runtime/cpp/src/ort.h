@@ -19,4 +19,7 @@ Ort::Env &ort_env(const std::string &library);
 // The loaded library's version string ("1.32.0").
 const std::string &ort_version();
 
+// The loaded library's API base (custom op libraries register through it); null before ort_env.
+const OrtApiBase *ort_api_base();
+
 }  // namespace specrt::impl

@@ -46,3 +46,28 @@ def test_cpp_without_the_decode_field_runs_the_fused_graph(lib, engine, tmp_path
     (copy / "target_decode.onnx").unlink()
     out = CppEngine(lib, copy).generate([3, 1, 4, 1, 5], max_new_tokens=20, method="none")
     assert len(out.token_ids) == 20
+
+
+@pytest.mark.parametrize("attention", ["specrt", "ort"])
+def test_cpp_attention_on_the_kernel_or_ort_equals_python(lib, engine, attention):
+    """libspecrt compiles specrt's attention kernel in (custom_ops/attention.cpp, the same flags): on it the fused
+    graph's decode steps equal its verify passes' rows, so no padded graph is needed, and the tokens are the Python
+    runtime's on the same kernel; "ort" keeps ONNX Runtime's attention and the padded graph."""
+    cpp, rt = CppEngine(lib, engine, attention=attention), specrt.load(engine, attention=attention)
+    assert cpp.attention == attention
+    for name, prompt in prompts().items():
+        plain = cpp.generate(prompt, max_new_tokens=40, method="none")
+        out = cpp.generate(prompt, max_new_tokens=40, method="ngram", gamma=3)
+        assert out.token_ids == plain.token_ids == rt.generate(prompt, max_new_tokens=40, method="none").token_ids, name
+
+
+def test_cpp_attention_auto_and_bad_values(lib, engine, llama_engine, monkeypatch):
+    from specrt.custom_ops import vector_code
+    from specrt.tools.libspecrt import CppError
+
+    assert CppEngine(lib, engine).attention == ("specrt" if vector_code() else "ort")  # auto: a -march=native build
+    monkeypatch.setenv("SPECRT_ATTENTION", "ort")
+    assert CppEngine(lib, engine).attention == "ort"
+    assert CppEngine(lib, llama_engine, attention="specrt").attention == "ort"  # a traced graph: no such nodes
+    with pytest.raises(CppError, match="attention must be one of auto, ort, specrt, got 'fast'"):
+        CppEngine(lib, engine, attention="fast")

@@ -1,0 +1,196 @@
+#include "kernel_attention.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "error.h"
+
+// custom_ops/attention.cpp, compiled into this library with its export attribute turned off
+extern "C" OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *api_base);
+
+namespace specrt::impl {
+namespace {
+
+constexpr char kDomain[] = "ai.specrt";  // the kernel's op domain (custom_ops/attention.cpp, custom_ops DOMAIN)
+
+// One field of a protobuf message in wire format: bytes [begin, end) of the buffer, its value at
+// [value, end) (a length-delimited field's payload), `varint` for wire type 0.
+struct Field {
+  uint32_t number = 0;
+  int wire = 0;
+  size_t begin = 0, value = 0, end = 0;
+  uint64_t varint = 0;
+};
+
+[[noreturn]] void malformed(const char *what) {
+  throw EngineError(std::string("not an ONNX model (") + what + ")");
+}
+
+uint64_t read_varint(const std::string &b, size_t &at, size_t end) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (at >= end) malformed("a truncated varint");
+    const uint8_t c = static_cast<uint8_t>(b[at++]);
+    v |= static_cast<uint64_t>(c & 0x7f) << shift;
+    if (!(c & 0x80)) return v;
+  }
+  malformed("a varint of more than 10 bytes");
+}
+
+// The fields of the message at bytes [begin, end) of `b`, in order.
+std::vector<Field> fields(const std::string &b, size_t begin, size_t end) {
+  std::vector<Field> out;
+  for (size_t at = begin; at < end;) {
+    Field f;
+    f.begin = at;
+    const uint64_t key = read_varint(b, at, end);
+    f.number = static_cast<uint32_t>(key >> 3);
+    f.wire = static_cast<int>(key & 7);
+    uint64_t size = 0;
+    switch (f.wire) {
+      case 0: f.value = at; f.varint = read_varint(b, at, end); break;
+      case 1: size = 8; break;
+      case 2: size = read_varint(b, at, end); break;
+      case 5: size = 4; break;
+      default: malformed("a group field");  // ONNX's messages have none
+    }
+    if (f.wire != 0) {
+      if (size > end - at) malformed("a field running past its message");
+      f.value = at;
+      at += size;
+    }
+    f.end = at;
+    out.push_back(f);
+  }
+  return out;
+}
+
+std::string text(const std::string &b, const Field &f) { return b.substr(f.value, f.end - f.value); }
+
+void put_varint(std::string &out, uint64_t v) {
+  for (; v >= 0x80; v >>= 7) out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+  out.push_back(static_cast<char>(v));
+}
+
+void put_bytes(std::string &out, uint32_t number, const std::string &payload) {  // a length-delimited field
+  put_varint(out, (static_cast<uint64_t>(number) << 3) | 2);
+  put_varint(out, payload.size());
+  out += payload;
+}
+
+// Whether the kernel computes a GroupQueryAttention node whose fields these are: custom_ops/__init__.py
+// `supported` (packed QKV, rotary inside, 3 outputs, only the attributes and values the kernel implements).
+bool supported(const std::string &b, const std::vector<Field> &node) {
+  std::vector<std::string> inputs;
+  int outputs = 0;
+  for (const Field &f : node) {
+    if (f.number == 1 && f.wire == 2) inputs.push_back(text(b, f));
+    if (f.number == 2 && f.wire == 2) ++outputs;
+    if (f.number != 5 || f.wire != 2) continue;
+    std::string name;
+    int64_t i = 0;
+    float x = 0.0f;
+    for (const Field &a : fields(b, f.value, f.end)) {  // AttributeProto: name 1, f 2, i 3
+      if (a.number == 1 && a.wire == 2) name = text(b, a);
+      if (a.number == 2 && a.wire == 5) std::memcpy(&x, b.data() + a.value, 4);
+      if (a.number == 3 && a.wire == 0) i = static_cast<int64_t>(a.varint);
+    }
+    const bool ok = name == "num_heads" || name == "kv_num_heads" || name == "scale" ||
+                    (name == "do_rotary" && i == 1) || (name == "rotary_interleaved" && i == 0) ||
+                    (name == "local_window_size" && i == -1) || (name == "softcap" && x == 0.0f) ||
+                    (name == "smooth_softmax" && i == 0);
+    if (!ok) return false;
+  }
+  if (inputs.size() > 11 || outputs != 3) return false;
+  inputs.resize(11);
+  if (!inputs[1].empty() || !inputs[2].empty()) return false;
+  for (int k : {0, 3, 4, 5, 6, 7, 8, 9})
+    if (inputs[k].empty()) return false;
+  return true;
+}
+
+bool is_attention(const std::string &b, const std::vector<Field> &node) {
+  std::string op, domain;
+  for (const Field &f : node) {
+    if (f.number == 4 && f.wire == 2) op = text(b, f);
+    if (f.number == 7 && f.wire == 2) domain = text(b, f);
+  }
+  return op == "GroupQueryAttention" && domain == "com.microsoft";
+}
+
+}  // namespace
+
+std::string resolve_attention(const std::string &asked) {
+  std::string a = asked;
+  if (a.empty()) {
+    const char *env = std::getenv("SPECRT_ATTENTION");
+    a = env && *env ? env : "auto";
+  }
+  if (a != "auto" && a != "ort" && a != "specrt")
+    throw ArgumentError("attention must be one of auto, ort, specrt, got '" + a + "'");
+  if (a == "auto") return kernel_has_vector_code() ? "specrt" : "ort";
+  return a;
+}
+
+bool kernel_has_vector_code() {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string kernel_attention_model(const std::string &model, int &nodes) {
+  nodes = 0;
+  const std::vector<Field> top = fields(model, 0, model.size());  // ModelProto: graph 7, opset_import 8
+  const Field *graph = nullptr;
+  for (const Field &f : top)
+    if (f.number == 7 && f.wire == 2) graph = &f;
+  if (!graph) malformed("no graph");
+  const std::vector<Field> items = fields(model, graph->value, graph->end);  // GraphProto: node 1
+  std::vector<bool> renamed(items.size(), false);
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (items[k].number != 1 || items[k].wire != 2) continue;
+    const std::vector<Field> node = fields(model, items[k].value, items[k].end);
+    if (!is_attention(model, node)) continue;
+    if (!supported(model, node)) return "";  // all or none: every attention row follows one rule
+    renamed[k] = true;
+    ++nodes;
+  }
+  if (!nodes) return "";
+  std::string new_graph;
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!renamed[k]) {
+      new_graph.append(model, items[k].begin, items[k].end - items[k].begin);
+      continue;
+    }
+    std::string node;  // NodeProto: every field as it was but the domain (7), then the kernel's
+    for (const Field &f : fields(model, items[k].value, items[k].end))
+      if (f.number != 7) node.append(model, f.begin, f.end - f.begin);
+    put_bytes(node, 7, kDomain);
+    put_bytes(new_graph, 1, node);
+  }
+  std::string out;
+  for (const Field &f : top) {
+    if (&f == graph) put_bytes(out, 7, new_graph);
+    else out.append(model, f.begin, f.end - f.begin);
+  }
+  std::string opset;  // OperatorSetIdProto: domain 1, version 2
+  put_bytes(opset, 1, kDomain);
+  put_varint(opset, (2u << 3) | 0);
+  put_varint(opset, 1);
+  put_bytes(out, 8, opset);
+  return out;
+}
+
+void register_kernel(Ort::SessionOptions &options) {
+  if (OrtStatus *status = RegisterCustomOps(options, ort_api_base()); status != nullptr) {
+    const std::string message = Ort::GetApi().GetErrorMessage(status);
+    Ort::GetApi().ReleaseStatus(status);
+    throw RuntimeFailure("cannot register specrt's attention kernel: " + message);
+  }
+}
+
+}  // namespace specrt::impl
