@@ -37,11 +37,13 @@ POLICY_GOAL = "no specrt method below specrt plain under the policy (every row; 
 
 def same_as_plain(records: list[dict]) -> None:
     """Set each record's ``same_as_plain``: the share of its requests whose text equals its system's plain run's
-    (same precision, task, round, clients); None for the plain runs themselves."""
-    plain = {(r["system"], r["precision"], r["task"], r["round"], r.get("repeat", 0), r["clients"]): r["texts"]
-             for r in records if r["method"] == PLAIN[r["system"]] and r.get("texts")}
+    (same precision, task, round, repeat, clients); None for the plain runs themselves."""
+    def run_of(r: dict) -> tuple:  # the batch a record measured: same system, weights, prompts and clients
+        return r["system"], r["precision"], r["task"], r["round"], r.get("repeat", 0), r["clients"]
+
+    plain = {run_of(r): r["texts"] for r in records if r["method"] == PLAIN[r["system"]] and r.get("texts")}
     for r in records:
-        ref = plain.get((r["system"], r["precision"], r["task"], r["round"], r.get("repeat", 0), r["clients"]))
+        ref = plain.get(run_of(r))
         mine = r.get("texts")
         r["same_as_plain"] = (None if r["method"] == PLAIN[r["system"]] or not ref or not mine else
                               sum(a == b for a, b in zip(mine, ref)) / len(ref))
