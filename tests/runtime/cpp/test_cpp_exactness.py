@@ -1,5 +1,6 @@
 """The C++ sampler's outputs follow the target's distribution (the project's chi-square harness, driven
-through the C ABI), and a build with a deliberately wrong rule fails the same harness."""
+through the C ABI), on a traced graph (ONNX Runtime's ops) and on a fused one whose attention runs on specrt's
+kernel (the graph real models export to), and a build with a deliberately wrong rule fails the same harness."""
 import pytest
 
 from specrt.export.hf_checkpoint import load_hf
@@ -19,6 +20,25 @@ def engine(build_engine):
 
 
 @pytest.fixture(scope="module")
+def fused_engine(build_engine):
+    """head_dim 16: the fused graph (GroupQueryAttention), as `specrt export` writes for Llama checkpoints."""
+    return build_engine("cpp_exact_fused", dict(TARGET, hidden=64), DRAFT, gamma=3, max_len=32)
+
+
+def open_engine(lib, engine, fused_engine, graph: str) -> CppEngine:
+    """"traced": the traced graph; "fused": the fused graph with its attention on specrt's kernel."""
+    if graph == "traced":
+        return CppEngine(lib, engine)
+    from specrt.custom_ops import vector_code
+
+    if not vector_code():
+        pytest.skip("specrt's attention kernel needs a -march=native build with AVX2 or NEON (custom_ops.vector_code)")
+    cpp = CppEngine(lib, fused_engine, attention="specrt")
+    assert cpp.attention == "specrt"
+    return cpp
+
+
+@pytest.fixture(scope="module")
 def target_model(engine):
     return load_hf(engine.parent / "target")
 
@@ -30,13 +50,15 @@ def ngram_prompt(cpp):
     return base + cont + base + cont[:2]
 
 
+@pytest.mark.parametrize("graph", ["traced", "fused"])
 @pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 @pytest.mark.parametrize("sampling", SAMPLING, ids=str)
-def test_cpp_sampling_is_exact(lib, engine, target_model, method, sampling):
-    cpp = CppEngine(lib, engine)
+def test_cpp_sampling_is_exact(lib, engine, fused_engine, method, sampling, graph):
+    cpp = open_engine(lib, engine, fused_engine, graph)
     prompt = PROMPT if method == "draft" else ngram_prompt(cpp)  # suffix: also its own earlier outputs
     counts, totals = run_trials(cpp, prompt, 2500, V, method=method, gamma=2, **sampling)
-    pv = p_values(counts, exact_joint(target_model, prompt, sampling, V))
+    model = load_hf((engine if graph == "traced" else fused_engine).parent / "target")
+    pv = p_values(counts, exact_joint(model, prompt, sampling, V))
     assert min(pv.values()) > P_MIN, pv
     assert totals["proposed"] > 1000 and 0 < totals["accepted"] < totals["proposed"]  # speculation ran, both ways
 
