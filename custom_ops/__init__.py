@@ -1,7 +1,10 @@
-"""specrt's own CPU kernels for ONNX Runtime: custom ops in a shared library built from source on first use.
+"""specrt's own native code, in shared libraries built from source on first use: CPU kernels for ONNX Runtime
+(custom ops) and suffix decoding's index.
 
     attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom op
                                ai.specrt::GroupQueryAttention (attention.cpp)
+    suffix_library()           libspecrt_suffix.so: suffix decoding's index (suffix_index.cpp, which libspecrt
+                               compiles too), for the Python runtime through custom_ops/suffix.py
     vector_code()              whether this CPU runs the kernel's vector code (AVX-512 or AVX2)
     use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
                                that kernel computes; returns how many
@@ -34,6 +37,9 @@ SOURCE = Path(__file__).with_name("attention.cpp")
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
+SUFFIX_SOURCES = [Path(__file__).with_name("suffix_index.cpp"), Path(__file__).with_name("suffix_capi.cpp")]
+SUFFIX_LIBRARY = "libspecrt_suffix.so"
+SUFFIX_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
 # -ffp-contract=fast: GCC's default here, spelled out because libspecrt compiles the same file (runtime/cpp) and the
 # two builds must contract the same multiply-adds into FMAs to give the same bits
 FLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
@@ -78,33 +84,45 @@ def vector_code() -> bool:
 def attention_library(arch: str = "native") -> Path:
     """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the AVX2 code, and
     x86-64-v2, the portable code), built on first use (~1 s) and cached; KernelError if it cannot be."""
+    include = ort_include()
+    return build_library("specrt's attention kernel", LIBRARY, [SOURCE], (*FLAGS, f"-march={arch}", f"-I{include}"),
+                         (include / "onnxruntime_c_api.h").read_text())
+
+
+def suffix_library() -> Path:
+    """libspecrt_suffix.so: suffix decoding's index (suffix_index.cpp, the file libspecrt compiles too) behind a C
+    ABI (suffix_capi.cpp), built on first use (~3 s) and cached; KernelError if it cannot be."""
+    return build_library("suffix decoding's native index", SUFFIX_LIBRARY, SUFFIX_SOURCES, SUFFIX_FLAGS)
+
+
+def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: str = "") -> Path:
+    """The shared library ``name`` compiled from ``sources`` with ``flags`` into
+    ``$SPECRT_CACHE/kernels/<key>/``, unless there already (the key: sources, compiler version, flags, this CPU's
+    flags, ``extra_key``); KernelError, naming ``what``, without a compiler or when compiling fails."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
-        raise KernelError(f"specrt's attention kernel needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
-    include = ort_include()
-    flags = (*FLAGS, f"-march={arch}")
-    out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / build_key(
-        compiler, include, flags) / LIBRARY
+        raise KernelError(f"{what} needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
+    key = build_key(compiler, tuple(sources), flags, extra_key)
+    out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / key / name
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # built aside, then renamed: never half a library
-        built = Path(tmp) / LIBRARY
-        r = subprocess.run([compiler, *flags, f"-I{include}", str(SOURCE), "-o", str(built)],
-                           capture_output=True, text=True)
+        built = Path(tmp) / name
+        r = subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built)], capture_output=True, text=True)
         if r.returncode:
-            raise KernelError(f"building specrt's attention kernel failed:\n{r.stderr[-2000:]}")
+            raise KernelError(f"building {what} failed:\n{r.stderr[-2000:]}")
         os.replace(built, out)
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def build_key(compiler: str, include: Path, flags: tuple) -> str:
-    """The library's cache key: its source, the compiler's version, the flags, this CPU's flags and the ORT API
-    header, hashed once per process (every session of every graph asks)."""
+def build_key(compiler: str, sources: tuple, flags: tuple, extra_key: str) -> str:
+    """A library's cache key: its sources (and the headers beside them), the compiler's version, the flags, this
+    CPU's flags and ``extra_key``, hashed once per process (every session of every graph asks)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    return hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(flags), cpu_flags(),
-                                     (include / "onnxruntime_c_api.h").read_text()]).encode()).hexdigest()[:12]
+    texts = [p.read_text() for p in sorted({*sources, *Path(sources[0]).parent.glob("*.h")})]
+    return hashlib.sha256("\0".join([*texts, version, " ".join(flags), cpu_flags(), extra_key]).encode()).hexdigest()[:12]
 
 
 def supported(node) -> bool:

@@ -5,8 +5,8 @@ as .venv/) is parsed with ``ast``; its arrows are its ``import`` / ``from ... im
 module level and inside functions alike, relative ones resolved. ``python tests/test_layout.py``
 prints the graph (modules, folders, cycles).
 
-Folders: the top-level modules ``contract`` and ``trees``; the packages ``custom_ops`` (specrt's own ONNX Runtime
-kernels, built from source), ``engines``, ``export`` and
+Folders: the top-level modules ``contract`` and ``trees``; the packages ``custom_ops`` (specrt's own native code, built
+from source: ONNX Runtime kernels, suffix decoding's index), ``engines``, ``export`` and
 ``tools`` (with its subpackages); ``runtime``, the decode core, and ``runtime.serve``, the server on top
 of it, counted apart; and ``specrt``, the package's own ``__init__.py`` (the facade: ``load``,
 ``__version__``, the error names).
@@ -27,7 +27,7 @@ ALLOWED = {  # folder -> the other folders it may import: arrows point down this
     "trees": set(),
     "custom_ops": set(),
     "engines": {"contract", "trees", "custom_ops"},
-    "runtime": {"contract", "trees", "engines"},  # the decode core: never runtime.serve, export or tools
+    "runtime": {"contract", "trees", "engines", "custom_ops"},  # the decode core: never runtime.serve, export or tools
     "runtime.serve": {"contract", "trees", "engines", "runtime", "specrt"},
     "export": {"contract", "trees", "engines", "specrt"},  # specrt: __version__ for the manifest
     "specrt": {"contract", "trees", "engines", "runtime"},  # the facade: load() imports runtime.api

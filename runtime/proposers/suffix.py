@@ -11,6 +11,10 @@ below ``min_prob`` or the proposal reaches ``factor`` times the length of the fi
 match (a repeated file, an earlier answer being re-emitted) proposes long chains, a short one
 little. Deterministic (q = point masses), so the chain is verified exactly.
 
+The classes and ``propose`` below are the rule and its reference implementation; the proposer runs the same
+rule in native code where it builds (custom_ops/suffix.py, the file libspecrt compiles too: ~10x less host time
+a token), the index's contexts as 64-bit hashes (a collision could only change a proposal).
+
 Worked example, depth 3, one earlier sequence [7, 1, 2, 3, 4] in the global index, this request's
 sequence [9, 1, 2]: the longest context with counts is [1, 2] (n = 2) -> next 3 (count 1 of 1);
 then [1, 2, 3] -> 4; then [2, 3, 4] -> nothing: proposal [3, 4] (factor 1: at most 2 tokens).
@@ -51,6 +55,10 @@ class SuffixIndex:
                     if not counts:
                         del self.next[ctx]
 
+    def __len__(self) -> int:
+        """Contexts with counts."""
+        return len(self.next)
+
     def merge(self, other: "SuffixIndex") -> None:
         """Count everything ``other`` (of the same depth) counted: the same as adding its sequences again,
         without rebuilding their contexts (a finished request's own index joining the global one)."""
@@ -79,11 +87,33 @@ class SuffixIndex:
         return (lo, found) if lo else (0, None)
 
 
+def native_available() -> bool:
+    """Whether the native index builds here (custom_ops/suffix.py)."""
+    from ...custom_ops.suffix import available
+
+    return available()
+
+
+def new_index(depth: int, native: bool | None = None):
+    """An empty index: the native one (custom_ops/suffix.py) where it builds and ``native`` is not False, else
+    ``SuffixIndex``; ``native=True`` raises KernelError where it cannot be built."""
+    if native is not False:
+        from ...custom_ops import KernelError
+        from ...custom_ops.suffix import NativeSuffixIndex
+
+        try:
+            return NativeSuffixIndex(depth)
+        except KernelError:
+            if native:
+                raise
+    return SuffixIndex(depth)
+
+
 class SuffixCache:
     """The global index: finished sequences, at most ``max_tokens`` tokens in all (oldest evicted)."""
 
-    def __init__(self, depth: int, max_tokens: int):
-        self.index = SuffixIndex(depth)
+    def __init__(self, depth: int, max_tokens: int, index=None):
+        self.index = index if index is not None else SuffixIndex(depth)  # empty: a SuffixIndex or a native one
         self.max_tokens = max_tokens
         self.sequences: collections.deque = collections.deque()
         self.tokens = 0
@@ -129,19 +159,23 @@ def read_corpus(path: Path) -> list[str]:
     return texts
 
 
-def corpus_index(sequences: Iterable[Sequence[int]], depth: int = 24) -> SuffixIndex:
+def corpus_index(sequences: Iterable[Sequence[int]], depth: int = 24, native: bool | None = None):
     """A fixed index of ``sequences`` (token ids), for ``SuffixProposer(corpus=...)``: never evicted, shared by
-    every cache scope (public text, not a user's outputs)."""
-    index = SuffixIndex(depth)
+    every cache scope (public text, not a user's outputs). Native where it builds (``new_index``)."""
+    index = new_index(depth, native)
     for seq in sequences:
         index.add(seq, 0, len(seq))
     return index
 
 
-def propose(local: SuffixIndex, others: Sequence[SuffixIndex], context: Sequence[int], k: int, factor: float,
-            min_prob: float) -> list[int]:
+def propose(local, others: Sequence, context: Sequence[int], k: int, factor: float, min_prob: float) -> list[int]:
     """Up to ``k`` tokens: the most frequent continuation of the longest matched context (ties: the
-    request's own index, then ``others`` in order, then the lowest token id)."""
+    request's own index, then ``others`` in order, then the lowest token id). Native indexes (all of them): the
+    same walk in native code."""
+    if not isinstance(local, SuffixIndex):
+        from ...custom_ops.suffix import native_propose
+
+        return native_propose(local, others, context, k, factor, min_prob)
     ctx, out, prob, limit = list(context[-local.depth:]), [], 1.0, k
     for _ in range(k):
         n, counts = local.longest(ctx)
@@ -168,7 +202,7 @@ def propose(local: SuffixIndex, others: Sequence[SuffixIndex], context: Sequence
 class SuffixState:
     """What the proposer keeps about one request."""
 
-    local: SuffixIndex  # the request's own index (prompt + output so far)
+    local: object  # the request's own index (prompt + output so far): a SuffixIndex or a native one
     seq: list  # the row's sequence (a live reference)
     scope: str | None  # the request's cache scope: whose global cache it draws on and joins
     indexed: int = 0  # tokens of ``seq`` counted in ``local``
@@ -188,9 +222,11 @@ class SuffixProposer:
     shadow = True  # a lookup: scored while speculation is off (runtime/proposers/__init__.py)
 
     def __init__(self, max_gamma: int, context_depth: int = 24, factor: float = 1.0, min_prob: float = 0.1,
-                 cache_tokens: int = 1 << 16, corpus: SuffixIndex | None = None):
+                 cache_tokens: int = 1 << 16, corpus=None, native: bool | None = None):
         self.context_depth, self.factor, self.min_prob = context_depth, factor, min_prob  # longest context matched
         self.corpus = corpus  # a fixed index every scope draws on (``corpus_index``), or None
+        # native indexes (custom_ops/suffix.py) where they build, unless asked not to or the corpus is a Python one
+        self.native = native is not False and not isinstance(corpus, SuffixIndex) and (native or native_available())
         self.max_nodes = max_gamma
         self.cache_tokens = cache_tokens  # bound of each scope's global cache
         self.caches: dict[str | None, SuffixCache] = {}  # cache scope (API key) -> its global cache
@@ -200,11 +236,14 @@ class SuffixProposer:
     def cache(self, scope: str | None = None) -> SuffixCache:
         """The global cache of ``scope`` (made on first use)."""
         if scope not in self.caches:
-            self.caches[scope] = SuffixCache(self.context_depth, self.cache_tokens)
+            self.caches[scope] = SuffixCache(self.context_depth, self.cache_tokens, self._index())
         return self.caches[scope]
 
+    def _index(self):
+        return new_index(self.context_depth, self.native)
+
     def start(self, row, hidden) -> None:
-        self.states[row.request.request_id] = SuffixState(SuffixIndex(self.context_depth), row.seq, row.request.cache_scope)
+        self.states[row.request.request_id] = SuffixState(self._index(), row.seq, row.request.cache_scope)
 
     def propose(self, rows, ks) -> list[Proposal]:
         t0, out, proposed = time.perf_counter(), [], 0

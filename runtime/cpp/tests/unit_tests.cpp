@@ -89,19 +89,34 @@ void test_verify_distribution() {
   CHECK(g.accepted == 0 && g.next == 1);
 }
 
-void test_suffix() {  // the worked example of suffix.h
+std::vector<uint64_t> hashes_of(const std::vector<int64_t> &t) {  // the context hashes of all of t
+  std::vector<uint64_t> h;
+  context_hashes(t.data(), t.size(), 3, h);
+  return h;
+}
+
+void test_suffix() {  // the worked example of suffix_index.h
   SuffixCache cache(3, 100);
   cache.add({7, 1, 2, 3, 4});
   SuffixIndex local(3);
   std::vector<int64_t> seq = {9, 1, 2};
   local.add(seq, 0, seq.size());
-  CHECK((suffix_propose(local, &cache.index, seq, 5) == std::vector<int64_t>{3, 4}));
+  CHECK((suffix_propose(local, {&cache.index}, seq.data(), seq.size(), 5) == std::vector<int64_t>{3, 4}));
   SuffixCache small(3, 6);  // room for 6 tokens: the next sequence evicts the first
   small.add({7, 1, 2, 3, 4});
   small.add({5, 5, 5});
-  auto hashes = [](std::vector<int64_t> t) { return context_hashes(t, t.size(), 3); };
-  CHECK(small.index.longest(hashes({1, 2})).first == 0 && small.index.longest(hashes({5})).first == 1);
-  CHECK(cache.index.longest(hashes({9, 1, 2})).first == 2);  // [1, 2] seen, [9, 1, 2] not
+  CHECK(small.index.longest(hashes_of({1, 2})).first == 0 && small.index.longest(hashes_of({5})).first == 1);
+  CHECK(cache.index.longest(hashes_of({9, 1, 2})).first == 2);  // [1, 2] seen, [9, 1, 2] not
+  SuffixIndex a(3), b(3), both(3);  // merging counts what adding the other's sequences again would
+  std::vector<int64_t> x = {1, 2, 3, 1, 2, 4}, y = {2, 3, 1, 2, 4, 4};
+  a.add(x, 0, x.size());
+  b.add(y, 0, y.size());
+  both.add(x, 0, x.size());
+  both.add(y, 0, y.size());
+  a.merge(b);
+  CHECK(a.contexts() == both.contexts());
+  CHECK(*a.longest(hashes_of({1, 2})).second == *both.longest(hashes_of({1, 2})).second);
+  CHECK((*a.longest(hashes_of({1, 2})).second == SuffixIndex::Counts{{3, 1}, {4, 2}}));
 }
 
 void test_ngram() {
@@ -136,10 +151,10 @@ void test_proposer_factory() {  // one proposer per method, through the interfac
   auto suffix = make_proposer("suffix", nullptr, curve, cache);
   seq = {9, 1, 2};
   suffix->start(seq);
-  suffix->propose(seq, 5, Sampling{}, rng, p);  // the worked example of suffix.h
+  suffix->propose(seq, 5, Sampling{}, rng, p);  // the worked example of suffix_index.h
   CHECK((p.tokens == std::vector<int64_t>{3, 4}));
-  suffix->finish({8, 6});  // a finished sequence joins the engine's cache
-  CHECK(cache.index.longest(context_hashes({8}, 1, 3)).first == 1);
+  suffix->finish({9, 1, 2, 8, 6});  // the finished sequence joins the engine's cache
+  CHECK(cache.index.longest(hashes_of({8})).first == 1);
   CHECK(method_error("draft", curve, cache) == "method 'draft' needs an engine dir exported with --draft");
   CHECK(method_error("eagle", curve, cache) ==
         "method 'eagle' is not in the C++ runtime (it runs none, draft, ngram, suffix); pass one of those");

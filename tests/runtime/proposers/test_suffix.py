@@ -44,6 +44,43 @@ def test_the_longest_match_by_binary_search_is_the_longest_by_scan():
         assert index.longest(context) == scan
 
 
+@pytest.fixture(scope="module")
+def native():
+    from specrt.runtime.proposers.suffix import native_available
+
+    if not native_available():
+        pytest.skip("suffix decoding's native index needs a C++17 compiler (g++ or $CXX)")
+
+
+def test_the_native_index_answers_as_the_python_one(native):
+    """Random sequences over small alphabets through two bounded caches (evictions, merged request indexes) and
+    request indexes: the native index (custom_ops/suffix.py) finds the same longest matches and counts, and the
+    native walk proposes what the Python one does, at several factors and floors."""
+    from specrt.runtime.proposers.suffix import new_index
+
+    rng = np.random.default_rng(1)
+    for alphabet, depth in ((3, 4), (6, 8), (50, 24)):
+        caches = {kind: SuffixCache(depth, 400, new_index(depth, kind)) for kind in (False, True)}
+        for _ in range(15):
+            seq = rng.integers(0, alphabet, int(rng.integers(2, 90))).tolist()
+            for kind, cache in caches.items():
+                own = new_index(depth, kind)
+                own.add(seq, 0, len(seq) // 2)
+                own.add(seq, len(seq) // 2, len(seq))
+                cache.add(seq, counted=own if len(seq) % 2 else None)  # merged, or counted again
+        python, native = caches[False].index, caches[True].index
+        assert len(native) == len(python)
+        local = {kind: new_index(depth, kind) for kind in (False, True)}
+        for kind in local:
+            local[kind].add(seq[::-1], 0, len(seq))
+        for _ in range(200):
+            context = rng.integers(0, alphabet, int(rng.integers(0, 30))).tolist()
+            assert native.longest(context) == python.longest(context)
+            for factor, min_prob in ((1.0, 0.1), (3.0, 0.0), (0.5, 0.5)):
+                args = (context, 8, factor, min_prob)
+                assert propose(local[True], [native], *args) == propose(local[False], [python], *args)
+
+
 def test_the_docstrings_worked_example():
     shared, local = SuffixIndex(3), SuffixIndex(3)
     shared.add([7, 1, 2, 3, 4], 0, 5)
@@ -163,8 +200,9 @@ def test_corpus_files_read_as_jsonl_records_or_whole_text(tmp_path, engine):
     assert read_corpus(tmp_path / "c.txt") == ["line one\nline two\n"]
     rt = specrt.load(engine)
     core = rt.new_core(CoreConfig(max_batch=1, method="suffix", calibrate=False, suffix_corpus=str(tmp_path / "c.jsonl")))
-    expected = corpus_index(rt.tokenizer.encode(t, add_special_tokens=False).ids for t in ("abc", "bcd"))
-    assert core.proposer.corpus.next == expected.next
+    expected = corpus_index((rt.tokenizer.encode(t, add_special_tokens=False).ids for t in ("abc", "bcd")), native=False)
+    got = core.proposer.corpus  # native where it builds: compared through what it answers
+    assert len(got) == len(expected) and all(got.longest(ctx) == expected.longest(ctx) for ctx in expected.next)
     assert rt.suffix_corpus(tmp_path / "c.jsonl") is core.proposer.corpus  # read once per Runtime
 
 
