@@ -35,9 +35,9 @@ SPECRT_SUFFIX_API int specrt_suffix_longest(const void *index, const int64_t *co
   specrt::impl::context_hashes(context, n, self->depth(), hashes);
   auto [length, found] = self->longest(hashes);
   *size = 0;
-  for (size_t i = 0; found && i < std::min(cap, found->size()); ++i, ++*size) {
-    tokens[i] = (*found)[i].first;
-    counts[i] = (*found)[i].second;
+  for (size_t i = 0; i < std::min(cap, found.size); ++i, ++*size) {
+    tokens[i] = found.data[i].first;
+    counts[i] = found.data[i].second;
   }
   return length;
 }

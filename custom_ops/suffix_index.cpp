@@ -24,74 +24,130 @@ void context_hashes(const int64_t *tokens, size_t end, int depth, std::vector<ui
   for (size_t n = 1; n <= std::min<size_t>(depth, end); ++n) hashes.push_back(h = mix(h, tokens[end - n]));
 }
 
+const SuffixIndex::Slot *SuffixIndex::find(uint64_t k) const {
+  const size_t mask = slots_.size() - 1;
+  for (size_t i = k & mask;; i = (i + 1) & mask) {
+    if (slots_[i].key == k) return &slots_[i];
+    if (!slots_[i].key) return nullptr;
+  }
+}
+
+SuffixIndex::Slot &SuffixIndex::find_or_insert(uint64_t k) {
+  if (8 * (size_ + 1) > 5 * slots_.size()) grow();
+  const size_t mask = slots_.size() - 1;
+  size_t i = k & mask;
+  for (; slots_[i].key && slots_[i].key != k; i = (i + 1) & mask) {
+  }
+  if (!slots_[i].key) {
+    slots_[i].key = k;
+    ++size_;
+  }
+  return slots_[i];
+}
+
+void SuffixIndex::grow() {
+  std::vector<Slot> old(slots_.size() * 2);
+  old.swap(slots_);
+  const size_t mask = slots_.size() - 1;
+  for (const Slot &slot : old) {
+    if (!slot.key) continue;
+    size_t i = slot.key & mask;
+    while (slots_[i].key) i = (i + 1) & mask;
+    slots_[i] = slot;
+  }
+}
+
+void SuffixIndex::erase(Slot &slot) {  // backward-shift deletion: later slots of the probe run move up
+  if (slot.pooled) {
+    pool_[slot.pooled - 1].clear();
+    free_.push_back(slot.pooled - 1);
+  }
+  const size_t mask = slots_.size() - 1;
+  size_t hole = &slot - slots_.data();
+  for (size_t j = (hole + 1) & mask; slots_[j].key; j = (j + 1) & mask) {
+    const size_t home = slots_[j].key & mask;
+    const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);  // home in (hole, j]
+    if (stays) continue;
+    slots_[hole] = slots_[j];
+    hole = j;
+  }
+  slots_[hole] = Slot{};
+  --size_;
+}
+
+void SuffixIndex::count(Slot &slot, int64_t tok, int delta) {
+  if (!slot.pooled) {
+    if (slot.one.second == 0 || slot.one.first == tok) {  // new, or its only token again
+      if (slot.one.second == 0) slot.one.first = tok;
+      if ((slot.one.second += delta) <= 0) erase(slot);
+      return;
+    }
+    if (delta <= 0) return;  // uncounting a token never counted here
+    uint32_t at;
+    if (free_.empty()) {
+      at = static_cast<uint32_t>(pool_.size());
+      pool_.emplace_back();
+    } else {
+      at = free_.back();
+      free_.pop_back();
+    }
+    pool_[at] = slot.one.first < tok ? Counts{slot.one, {tok, 0}} : Counts{{tok, 0}, slot.one};
+    slot.pooled = at + 1;
+  }
+  Counts &counts = pool_[slot.pooled - 1];
+  auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(tok, 0), by_token);
+  if (it == counts.end() || it->first != tok) {
+    if (delta <= 0) return;
+    it = counts.insert(it, {tok, 0});
+  }
+  if ((it->second += delta) > 0) return;
+  counts.erase(it);
+  if (counts.empty()) erase(slot);
+}
+
+CountsView SuffixIndex::view(const Slot &slot) const {
+  if (slot.pooled) return {pool_[slot.pooled - 1].data(), pool_[slot.pooled - 1].size()};
+  return {&slot.one, 1};
+}
+
 void SuffixIndex::add(const int64_t *seq, size_t start, size_t stop, int sign) {
   std::vector<uint64_t> hashes;
   hashes.reserve(depth_);
   for (size_t i = std::max<size_t>(1, start); i < stop; ++i) {
-    const int64_t tok = seq[i];
     context_hashes(seq, i, depth_, hashes);
     for (uint64_t ctx : hashes) {
-      auto found = next_.find(ctx);
-      if (found == next_.end()) {
-        if (sign > 0) next_.emplace(ctx, Counts{{tok, sign}});
-        continue;
+      if (sign > 0) {
+        count(find_or_insert(key(ctx)), seq[i], sign);
+      } else if (const Slot *slot = find(key(ctx))) {
+        count(const_cast<Slot &>(*slot), seq[i], sign);
       }
-      Counts &counts = found->second;
-      auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(tok, 0), by_token);
-      if (it == counts.end() || it->first != tok) {
-        if (sign <= 0) continue;
-        it = counts.insert(it, {tok, 0});
-      }
-      it->second += sign;
-      if (it->second > 0) continue;
-      counts.erase(it);
-      if (counts.empty()) next_.erase(found);
     }
   }
 }
 
 void SuffixIndex::merge(const SuffixIndex &other) {
-  for (const auto &[ctx, theirs] : other.next_) {
-    Counts &mine = next_[ctx];
-    if (mine.empty()) {
-      mine = theirs;
-      continue;
-    }
-    Counts merged;
-    merged.reserve(mine.size() + theirs.size());
-    auto a = mine.cbegin();
-    auto b = theirs.cbegin();
-    while (a != mine.cend() || b != theirs.cend()) {
-      if (b == theirs.cend() || (a != mine.cend() && a->first < b->first)) {
-        merged.push_back(*a++);
-      } else if (a == mine.cend() || b->first < a->first) {
-        merged.push_back(*b++);
-      } else {
-        merged.emplace_back(a->first, a->second + b->second);
-        ++a, ++b;
-      }
-    }
-    mine.swap(merged);
+  for (const Slot &theirs : other.slots_) {
+    if (!theirs.key) continue;
+    for (const auto &[tok, c] : other.view(theirs)) count(find_or_insert(theirs.key), tok, c);
   }
 }
 
-std::pair<int, const SuffixIndex::Counts *> SuffixIndex::longest(const std::vector<uint64_t> &hashes) const {
+std::pair<int, CountsView> SuffixIndex::longest(const std::vector<uint64_t> &hashes) const {
   // A binary search over n: every occurrence of an n-token context also counts its last n - 1 tokens (add counts
   // contexts 1..depth at each position, and uncounts them together), so the suffixes with counts are exactly those
   // up to the longest one: ~log2(depth) lookups instead of up to depth.
   int lo = 0, hi = std::min<int>(depth_, static_cast<int>(hashes.size()));
-  const Counts *found = nullptr;
+  CountsView found;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    auto it = next_.find(hashes[mid - 1]);
-    if (it != next_.end() && !it->second.empty()) {
+    if (const Slot *slot = find(key(hashes[mid - 1]))) {
       lo = mid;
-      found = &it->second;
+      found = view(*slot);
     } else {
       hi = mid - 1;
     }
   }
-  return {lo, lo ? found : nullptr};
+  return {lo, lo ? found : CountsView{}};
 }
 
 void SuffixCache::add(const std::vector<int64_t> &full, const SuffixIndex *counted) {
@@ -131,7 +187,7 @@ std::vector<int64_t> suffix_propose(const SuffixIndex &local, const std::vector<
     if (out.empty()) limit = std::min(k, std::max(1, static_cast<int>(factor * n)));
     int64_t tok = -1;
     int best = 0, total = 0;
-    for (const auto &[t, c] : *counts) {  // ascending ids: the first maximum is the lowest id
+    for (const auto &[t, c] : counts) {  // ascending ids: the first maximum is the lowest id
       total += c;
       if (c > best) std::tie(tok, best) = std::make_pair(t, c);
     }

@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,24 +21,51 @@ namespace specrt::impl {
 // is emitted (verification is exact).
 void context_hashes(const int64_t *tokens, size_t end, int depth, std::vector<uint64_t> &hashes);
 
+// The next tokens counted after one context: (token, count) pairs in ascending token ids, viewed in place.
+struct CountsView {
+  const std::pair<int64_t, int> *data = nullptr;
+  size_t size = 0;
+  const std::pair<int64_t, int> *begin() const { return data; }
+  const std::pair<int64_t, int> *end() const { return data + size; }
+};
+
 // For every context of 1..depth tokens seen in the added sequences: how often each next token followed it.
+// Storage: an open-addressing table of context hashes (linear probing, backward-shift deletion); a context
+// followed by one token so far (most of them) holds it inline, others hold their sorted counts in a pool: a new
+// context costs no allocation.
 class SuffixIndex {
  public:
   using Counts = std::vector<std::pair<int64_t, int>>;  // (next token, count), ascending token ids
-  explicit SuffixIndex(int depth) : depth_(depth) {}
+  explicit SuffixIndex(int depth) : depth_(depth), slots_(16) {}
   // Count (sign -1: uncount) the next tokens seq[start:stop) after their contexts (seq[0:stop) is read).
   void add(const int64_t *seq, size_t start, size_t stop, int sign = 1);
   void add(const std::vector<int64_t> &seq, size_t start, size_t stop, int sign = 1) { add(seq.data(), start, stop, sign); }
   // Count everything `other` (of the same depth) counted: as adding its sequences again, without rehashing them.
   void merge(const SuffixIndex &other);
-  // The longest context with counts among `hashes` (context_hashes of the current context): (n, counts) or (0, nullptr).
-  std::pair<int, const Counts *> longest(const std::vector<uint64_t> &hashes) const;
+  // The longest context with counts among `hashes` (context_hashes of the current context): (n, its counts) or (0, {}).
+  std::pair<int, CountsView> longest(const std::vector<uint64_t> &hashes) const;
   int depth() const { return depth_; }
-  size_t contexts() const { return next_.size(); }
+  size_t contexts() const { return size_; }
 
  private:
+  struct Slot {
+    uint64_t key = 0;                  // the context's hash (never 0: see key()); 0 = an empty slot
+    std::pair<int64_t, int> one{0, 0};  // the only next token and its count, while pooled == 0
+    uint32_t pooled = 0;               // 1 + the index of its counts in pool_ when more than one token followed
+  };
+  static uint64_t key(uint64_t hash) { return hash ? hash : 1; }
+  const Slot *find(uint64_t key) const;
+  Slot &find_or_insert(uint64_t key);
+  void erase(Slot &slot);
+  void grow();
+  void count(Slot &slot, int64_t token, int delta);  // delta > 0, or < 0 for a counted token
+  CountsView view(const Slot &slot) const;
+
   int depth_;
-  std::unordered_map<uint64_t, Counts> next_;  // context hash -> counts
+  std::vector<Slot> slots_;  // a power of two, at most 5/8 full
+  size_t size_ = 0;          // slots in use (contexts)
+  std::vector<Counts> pool_;  // counts of contexts followed by more than one token
+  std::vector<uint32_t> free_;  // unused pool_ entries
 };
 
 // The global index: finished sequences, at most max_tokens tokens in all (oldest evicted).

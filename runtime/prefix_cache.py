@@ -127,12 +127,12 @@ class PrefixCache:
         self.clock += 1
         return Retained(list(row.seq), target, owner, proposer, self.clock)
 
-    def move_row(self, src: int, dst: int) -> None:
-        """The active row in slot ``src`` takes the slot ``dst`` a row is leaving: the slots swap (the
-        leaving row's caches go to ``src``); without caching ``src`` is copied over ``dst``."""
+    def move_row(self, src: int, dst: int, kept: Retained | None = None) -> None:
+        """The active row in slot ``src`` takes the slot ``dst`` a row is leaving: the slots swap (what the
+        leaving row's caches keep, ``kept``, goes to ``src``); without caching ``src`` is copied over ``dst``."""
         for runner in self.runners:
             if self.enabled:
-                runner.swap(src, dst, int(max(runner.lengths[src], runner.lengths[dst])))
+                runner.swap(src, dst, int(runner.lengths[src]), self._entries(kept, runner))
             else:
                 runner.move(src, dst)
 
@@ -229,7 +229,7 @@ class PrefixCache:
             return
         ra, rb = self.kept[a], self.kept[b]
         for runner in self.runners:
-            runner.swap(a, b, max(self._entries(ra, runner), self._entries(rb, runner)))
+            runner.swap(a, b, self._entries(ra, runner), self._entries(rb, runner))
         self.kept[a], self.kept[b] = rb, ra
 
     def _evacuate(self, slots: range, first: int) -> None:

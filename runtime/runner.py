@@ -138,15 +138,16 @@ class Runner:
         self.copy(src, dst)
         self.release(src)
 
-    def swap(self, a: int, b: int, n: int) -> None:
-        """Exchange slots ``a`` and ``b``: their first ``n`` entries and their lengths (runtime/prefix_cache.py:
-        a leaving row's cache goes to the free end instead of being overwritten). Needs ``entries``."""
-        if a != b and n:
-            x, y = self.entries(a, n), self.entries(b, n)
-            was = self._swap_space(x)
-            np.copyto(was, x)
-            x[...] = y
-            y[...] = was
+    def swap(self, a: int, b: int, n_a: int, n_b: int | None = None) -> None:
+        """Exchange slots ``a`` and ``b``: ``a``'s first ``n_a`` entries go to ``b`` and ``b``'s first ``n_b`` (None:
+        ``n_a``) to ``a``, and their lengths (runtime/prefix_cache.py: a leaving row's cache goes to the free end
+        instead of being overwritten; only what is worth keeping of it is copied). Needs ``entries``."""
+        n_b = n_a if n_b is None else n_b
+        if a != b and (n_a or n_b):
+            kept = self._swap_space(self.entries(b, n_b))
+            np.copyto(kept, self.entries(b, n_b))
+            self.entries(b, n_a)[...] = self.entries(a, n_a)
+            self.entries(a, n_b)[...] = kept
         self.lengths[[a, b]] = self.lengths[[b, a]]
 
     def _swap_space(self, like: np.ndarray) -> np.ndarray:

@@ -92,3 +92,20 @@ def test_a_shadow_hit_happens_with_the_probability_verification_would_accept_it(
                 p_sum, hits, var = p_sum + probs[b, x], hits + (x == t), var + probs[b, x] * (1 - probs[b, x])
     assert var > 20  # enough guesses with a real chance, for the test to mean something
     assert abs(hits - p_sum) < 4 * np.sqrt(var), (hits, p_sum, var)
+
+
+def test_a_large_batch_scores_a_few_rows_a_step_in_turns(rt):
+    """More rows than SHADOW_ROWS: each plain step scores at most SHADOW_ROWS shadows, and over the steps every row
+    gets its turn (its α stays measured); the tokens are still plain greedy's."""
+    from specrt.runtime.core import SHADOW_ROWS
+
+    core, seen = shadow_core(rt, "ngram", batch=SHADOW_ROWS + 3)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [7, 8, 9] * 3, [2, 3] * 5, [5, 6, 7, 8] * 2, [1, 2] * 4, [4, 4, 5] * 3,
+               [9, 8, 7, 9, 8, 7]]
+    done = run_all(core, requests_for((p, SamplingParams(max_new_tokens=20)) for p in prompts))
+    asked = [sum(x is not None for x in step[1]) for step in seen]
+    assert max(asked) <= SHADOW_ROWS and sum(asked) > 0
+    rows_scored = {b for step in seen for b, x in enumerate(step[1]) if x is not None}
+    assert len(rows_scored) > SHADOW_ROWS  # not always the same rows
+    for i, prompt in enumerate(prompts):
+        assert done[f"r{i}"][0] == rt.generate(prompt, max_new_tokens=20, method="none").token_ids
