@@ -3,8 +3,9 @@ interface of the Python reference (runtime/proposers/suffix.py's ``SuffixIndex``
 
 Why: the Python index counts each token after its 24 contexts in dicts keyed by tuples (~10 µs a token), merges a
 finished request into the global cache context by context and uncounts evicted ones the same way: at 16 clients
-on SmolLM2 that host work was ~1 ms of a ~30 ms step. Here the contexts are 64-bit hashes (a collision could only
-change a proposal, never what is emitted: verification is exact).
+on SmolLM2 that host work held suffix decoding at 0.96-0.99x of plain decoding. Here the contexts are 64-bit
+hashes (a collision could only change a proposal, never what is emitted: verification is exact) in an
+open-addressing table (suffix_index.h): ~10x less time to index a request and to merge it into the cache.
 
     index = NativeSuffixIndex(24)
     index.add([7, 1, 2, 3, 4], 0, 5)

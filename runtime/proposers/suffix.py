@@ -13,7 +13,8 @@ little. Deterministic (q = point masses), so the chain is verified exactly.
 
 The classes and ``propose`` below are the rule and its reference implementation; the proposer runs the same
 rule in native code where it builds (custom_ops/suffix.py, the file libspecrt compiles too: ~10x less host time
-a token), the index's contexts as 64-bit hashes (a collision could only change a proposal).
+to index a request and to merge it into the global cache), the index's contexts as 64-bit hashes (a collision
+could only change a proposal).
 
 Worked example, depth 3, one earlier sequence [7, 1, 2, 3, 4] in the global index, this request's
 sequence [9, 1, 2]: the longest context with counts is [1, 2] (n = 2) -> next 3 (count 1 of 1);
