@@ -164,6 +164,31 @@ def test_batched_suffix_rows_equal_batch1_greedy(engine):
     assert_batched_rows_equal_batch1(rt, "suffix", prompts, [12, 7, 10], gamma=3)
 
 
+def test_the_python_and_native_proposers_decode_alike(engine, native):
+    """The same requests through a core on each index: the same tokens (plain greedy's) and the same proposals
+    (equal proposed and accepted counts), the second request drawing on the first's in the global cache."""
+    from specrt.runtime.core import CoreConfig, SequenceRequest
+    from specrt.runtime.proposers.suffix import SuffixProposer
+    from specrt.runtime.sampling import SamplingParams
+
+    rt = specrt.load(engine)
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8, 2, 8] * 2]
+    runs = {}
+    for kind in (False, True):
+        core = rt.new_core(CoreConfig(max_batch=1, method="suffix", gamma=3, calibrate=False),
+                           proposer=SuffixProposer(3, native=kind))
+        runs[kind] = []
+        for i, prompt in enumerate(prompts):
+            update = core.add(SequenceRequest(f"r{i}", prompt, SamplingParams(max_new_tokens=20)))
+            while not update.finish_reason:
+                update = core.step()[0][0]
+            runs[kind].append((update.token_ids, update.stats["proposed"], update.stats["accepted"]))
+    assert runs[False] == runs[True]
+    for prompt, (tokens, proposed, _) in zip(prompts, runs[True]):
+        assert tokens == rt.generate(prompt, max_new_tokens=20, method="none").token_ids
+    assert runs[True][1][1] > 0
+
+
 def test_a_corpus_proposes_for_every_scope_and_output_is_unchanged(engine):
     """A fixed corpus holding the request's own continuation: the first request of any scope drafts from it,
     and greedy output is plain greedy output."""
