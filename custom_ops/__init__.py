@@ -38,6 +38,7 @@ INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's 
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
 SUFFIX_SOURCES = [Path(__file__).with_name("suffix_index.cpp"), Path(__file__).with_name("suffix_capi.cpp")]
+SUFFIX_HEADERS = [Path(__file__).with_name("suffix_index.h")]
 SUFFIX_LIBRARY = "libspecrt_suffix.so"
 SUFFIX_FLAGS = ("-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
 # -ffp-contract=fast: GCC's default here, spelled out because libspecrt compiles the same file (runtime/cpp) and the
@@ -92,17 +93,19 @@ def attention_library(arch: str = "native") -> Path:
 def suffix_library() -> Path:
     """libspecrt_suffix.so: suffix decoding's index (suffix_index.cpp, the file libspecrt compiles too) behind a C
     ABI (suffix_capi.cpp), built on first use (~3 s) and cached; KernelError if it cannot be."""
-    return build_library("suffix decoding's native index", SUFFIX_LIBRARY, SUFFIX_SOURCES, SUFFIX_FLAGS)
+    return build_library("suffix decoding's native index", SUFFIX_LIBRARY, SUFFIX_SOURCES, SUFFIX_FLAGS,
+                         headers=SUFFIX_HEADERS)
 
 
-def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: str = "") -> Path:
+def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: str = "", headers: list = ()) -> Path:
     """The shared library ``name`` compiled from ``sources`` with ``flags`` into
-    ``$SPECRT_CACHE/kernels/<key>/``, unless there already (the key: sources, compiler version, flags, this CPU's
-    flags, ``extra_key``); KernelError, naming ``what``, without a compiler or when compiling fails."""
+    ``$SPECRT_CACHE/kernels/<key>/``, unless there already (the key: sources and the ``headers`` they include,
+    compiler version, flags, this CPU's flags, ``extra_key``); KernelError, naming ``what``, without a compiler or
+    when compiling fails."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise KernelError(f"{what} needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
-    key = build_key(compiler, tuple(sources), flags, extra_key)
+    key = build_key(compiler, (*sources, *headers), flags, extra_key)
     out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / key / name
     if out.is_file():
         return out
@@ -117,11 +120,11 @@ def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: 
 
 
 @functools.lru_cache(maxsize=None)
-def build_key(compiler: str, sources: tuple, flags: tuple, extra_key: str) -> str:
-    """A library's cache key: its sources (and the headers beside them), the compiler's version, the flags, this
-    CPU's flags and ``extra_key``, hashed once per process (every session of every graph asks)."""
+def build_key(compiler: str, files: tuple, flags: tuple, extra_key: str) -> str:
+    """A library's cache key: its source and header ``files``, the compiler's version, the flags, this CPU's flags
+    and ``extra_key``, hashed once per process (every session of every graph asks)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    texts = [p.read_text() for p in sorted({*sources, *Path(sources[0]).parent.glob("*.h")})]
+    texts = [Path(p).read_text() for p in files]
     return hashlib.sha256("\0".join([*texts, version, " ".join(flags), cpu_flags(), extra_key]).encode()).hexdigest()[:12]
 
 

@@ -46,8 +46,10 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether the native index builds and loads here (a C++17 compiler: g++ or $CXX)."""
+    """Whether the native index builds and loads here (a C++17 compiler: g++ or $CXX); asked once per process
+    (``library`` raising is not cached: a failed build would be tried again on every call)."""
     try:
         library()
         return True

@@ -127,7 +127,7 @@ class PrefixCache:
         self.clock += 1
         return Retained(list(row.seq), target, owner, proposer, self.clock)
 
-    def move_row(self, src: int, dst: int, kept: Retained | None = None) -> None:
+    def move_row(self, src: int, dst: int, kept: Retained | None) -> None:
         """The active row in slot ``src`` takes the slot ``dst`` a row is leaving: the slots swap (what the
         leaving row's caches keep, ``kept``, goes to ``src``); without caching ``src`` is copied over ``dst``."""
         for runner in self.runners:

@@ -138,11 +138,10 @@ class Runner:
         self.copy(src, dst)
         self.release(src)
 
-    def swap(self, a: int, b: int, n_a: int, n_b: int | None = None) -> None:
-        """Exchange slots ``a`` and ``b``: ``a``'s first ``n_a`` entries go to ``b`` and ``b``'s first ``n_b`` (None:
-        ``n_a``) to ``a``, and their lengths (runtime/prefix_cache.py: a leaving row's cache goes to the free end
-        instead of being overwritten; only what is worth keeping of it is copied). Needs ``entries``."""
-        n_b = n_a if n_b is None else n_b
+    def swap(self, a: int, b: int, n_a: int, n_b: int) -> None:
+        """Exchange slots ``a`` and ``b``: ``a``'s first ``n_a`` entries go to ``b`` and ``b``'s first ``n_b`` to
+        ``a``, and their lengths (runtime/prefix_cache.py: a leaving row's cache goes to the free end instead of
+        being overwritten; only what is worth keeping of it is copied). Needs ``entries``."""
         if a != b and (n_a or n_b):
             kept = self._swap_space(self.entries(b, n_b))
             np.copyto(kept, self.entries(b, n_b))

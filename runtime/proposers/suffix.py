@@ -98,16 +98,11 @@ def native_available() -> bool:
 def new_index(depth: int, native: bool | None = None):
     """An empty index: the native one (custom_ops/suffix.py) where it builds and ``native`` is not False, else
     ``SuffixIndex``; ``native=True`` raises KernelError where it cannot be built."""
-    if native is not False:
-        from ...custom_ops import KernelError
-        from ...custom_ops.suffix import NativeSuffixIndex
+    if native is False or (native is None and not native_available()):
+        return SuffixIndex(depth)
+    from ...custom_ops.suffix import NativeSuffixIndex
 
-        try:
-            return NativeSuffixIndex(depth)
-        except KernelError:
-            if native:
-                raise
-    return SuffixIndex(depth)
+    return NativeSuffixIndex(depth)
 
 
 class SuffixCache:

@@ -42,7 +42,7 @@ def test_shared_prefix_and_the_swap_of_two_slots(engines):
         runner.prefill(0, P1[:5])
         runner.prefill(2, P1[5:17])
         a, b = runner.entries(0, 5).copy(), runner.entries(2, 12).copy()
-        runner.swap(0, 2, 12)
+        runner.swap(0, 2, 5, 12)
         assert runner.lengths.tolist() == [12, 0, 5]
         assert np.array_equal(runner.entries(0, 12), b) and np.array_equal(runner.entries(2, 5), a)
         runner.copy_entries(0, 1, 12)
