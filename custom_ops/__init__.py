@@ -1,13 +1,16 @@
 """specrt's own native code, in shared libraries built from source on first use: CPU kernels for ONNX Runtime
 (custom ops) and suffix decoding's index.
 
-    attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom op
-                               ai.specrt::GroupQueryAttention (attention.cpp)
+    attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom ops
+                               ai.specrt::GroupQueryAttention (attention.cpp) and ai.specrt::MatMulNBits
+                               (matmul_nbits.cpp, int4 weights)
     suffix_library()           libspecrt_suffix.so: suffix decoding's index (suffix_index.cpp, which libspecrt
                                compiles too), for the Python runtime through custom_ops/suffix.py
     vector_code()              whether this CPU runs the kernel's vector code (AVX-512 or AVX2)
     use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
                                that kernel computes; returns how many
+    matmul_code()              whether this CPU runs the int4 matmul (AVX-512 VNNI)
+    use_specrt_matmul(m)       the same for the MatMulNBits nodes the int4 matmul computes
 
 Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
 ``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
@@ -34,6 +37,8 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("attention.cpp")
+KERNEL_SOURCES = [SOURCE, Path(__file__).with_name("matmul_nbits.cpp")]
+KERNEL_HEADERS = [Path(__file__).with_name("kernels.h")]
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
@@ -86,8 +91,8 @@ def attention_library(arch: str = "native") -> Path:
     """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the AVX2 code, and
     x86-64-v2, the portable code), built on first use (~1 s) and cached; KernelError if it cannot be."""
     include = ort_include()
-    return build_library("specrt's attention kernel", LIBRARY, [SOURCE], (*FLAGS, f"-march={arch}", f"-I{include}"),
-                         (include / "onnxruntime_c_api.h").read_text())
+    return build_library("specrt's attention kernel", LIBRARY, KERNEL_SOURCES, (*FLAGS, f"-march={arch}", f"-I{include}"),
+                         (include / "onnxruntime_c_api.h").read_text(), headers=KERNEL_HEADERS)
 
 
 def suffix_library() -> Path:
@@ -157,5 +162,43 @@ def use_specrt_attention(model) -> int:
     for node in nodes:
         node.domain = DOMAIN
     if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(nodes)
+
+
+MATMUL_ATTRIBUTES = {"bits": 4, "block_size": 32, "accuracy_level": 4}  # what the int4 matmul computes (and K, N)
+
+
+def matmul_code() -> bool:
+    """Whether this CPU runs the int4 matmul (matmul_nbits.cpp): AVX-512 with VNNI."""
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags().split())
+
+
+def supported_matmul(node, initializers: set) -> bool:
+    """Whether the int4 matmul computes this MatMulNBits node: 4-bit symmetric weights in blocks of 32 (no zero
+    points, no bias), int8 activations (accuracy level 4), K a multiple of 32 and N of 16, weights and scales
+    stored in the graph."""
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if any(attrs.get(name) != value for name, value in MATMUL_ATTRIBUTES.items()):
+        return False
+    if attrs.get("K", 1) % 32 or attrs.get("N", 1) % 16 or len(node.input) != 3 or len(node.output) != 1:
+        return False
+    return node.input[1] in initializers and node.input[2] in initializers
+
+
+def use_specrt_matmul(model) -> int:
+    """Rename the domain of ``model``'s MatMulNBits nodes the int4 matmul computes to ai.specrt (in place; each
+    node on its own: every row of either kernel is computed alike whatever the call's other rows); returns how
+    many. Example: SmolLM2-135M's int4 fused graph -> 120 (its lm_head is int8: it stays)."""
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"
+             and supported_matmul(n, initializers)]
+    for node in nodes:
+        node.domain = DOMAIN
+    if nodes and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(nodes)

@@ -28,6 +28,8 @@
 
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_cxx_api.h"
+
+#include "kernels.h"
 #undef ORT_API_MANUAL_INIT
 
 namespace {
@@ -530,6 +532,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     static bool added = false;
     if (!added) {
       domain.Add(&attention_op);
+      if (const OrtCustomOp* matmul = specrt_matmul_nbits_op()) domain.Add(matmul);
       added = true;
     }
     Ort::UnownedSessionOptions(options).Add(domain);

@@ -37,6 +37,9 @@ class OrtEngine:
     kernel builds, else ONNX Runtime's; one warning says why it did not build). ``session.specrt_attention``
     counts a session's nodes on specrt's kernel (0 where the graph has none, or one the kernel does not compute:
     all or none, custom_ops/).
+    matmul: who computes the int4 MatMulNBits nodes of a graph whose attention runs on specrt's kernel: "auto"
+    (the default: $SPECRT_MATMUL, else specrt's int4 matmul on a CPU with AVX-512 VNNI, custom_ops/matmul_nbits.cpp),
+    "ort" or "specrt" (EngineError without AVX-512 VNNI). ``session.specrt_matmuls`` counts them.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -47,7 +50,7 @@ class OrtEngine:
     def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  provider_options: dict | None = None, io_binding: bool | None = None, device_id: int = 0,
                  device: str | None = None, spinning: bool | str | int | None = DEFAULT_SPIN_US,
-                 profile_prefix: str | None = None, attention: str | None = None):
+                 profile_prefix: str | None = None, attention: str | None = None, matmul: str | None = None):
         import onnxruntime as ort
 
         path = Path(path)
@@ -89,6 +92,7 @@ class OrtEngine:
             attention = "specrt" if on_cpu and kernel_pays() else "ort"
         if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        self.matmul = resolve_matmul(matmul, on_cpu)
         self.options = opts
         self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]
         self.attention = attention
@@ -106,15 +110,17 @@ class OrtEngine:
         sibling graphs open through it too), its attention nodes on specrt's kernel where ``attention`` says so."""
         import onnxruntime as ort
 
-        model, nodes = str(path), 0
+        model, nodes, matmuls = str(path), 0, 0
         if self.attention == "specrt":
-            model, nodes = specrt_attention_model(path, self.options, self._registered,
-                                                  warn=self.attention_asked == "specrt")
+            model, nodes, matmuls = specrt_attention_model(path, self.options, self._registered,
+                                                           warn=self.attention_asked == "specrt",
+                                                           matmul=self.matmul == "specrt")
         try:
             session = ort.InferenceSession(model, sess_options=self.options, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidGraph types
             raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
         session.specrt_attention = nodes  # attention nodes on specrt's kernel
+        session.specrt_matmuls = matmuls  # int4 MatMulNBits nodes on specrt's matmul
         return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -151,15 +157,30 @@ def kernel_pays() -> bool:
     return True
 
 
-def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True) -> tuple:
-    """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many), the
-    kernel library registered in ``opts`` unless ``registered`` (the libraries already there, updated) has it;
-    (str(path), 0) for a graph without such nodes. Its external weights stay where they are: ``opts`` must name
+def resolve_matmul(matmul: str | None, on_cpu: bool) -> str:
+    """"specrt" or "ort": OrtEngine's ``matmul`` (None: $SPECRT_MATMUL, else "auto") on this machine."""
+    import os
+
+    from ..custom_ops import matmul_code
+
+    matmul = matmul or os.environ.get("SPECRT_MATMUL") or "auto"
+    if matmul not in ATTENTION:
+        raise EngineError(f"matmul must be one of {', '.join(ATTENTION)}, got {matmul!r}")
+    if matmul == "specrt" and not (on_cpu and matmul_code()):
+        raise EngineError("matmul 'specrt' needs the CPU execution provider on a CPU with AVX-512 VNNI")
+    return "specrt" if matmul == "specrt" or (matmul == "auto" and on_cpu and matmul_code()) else "ort"
+
+
+def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True, matmul: bool = False) -> tuple:
+    """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many, and with
+    ``matmul`` its int4 MatMulNBits nodes renamed to specrt's matmul, how many), the kernel library registered
+    in ``opts`` unless ``registered`` (the libraries already there, updated) has it; (str(path), 0, 0) for a
+    graph without such attention nodes. Its external weights stay where they are: ``opts`` must name
     ``path``'s folder (session.model_external_initializers_file_folder_path). ``warn``: say so when the graph's
     attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
-    from ..custom_ops import KernelError, attention_library, use_specrt_attention
+    from ..custom_ops import KernelError, attention_library, use_specrt_attention, use_specrt_matmul
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -170,7 +191,8 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True)
         if warn and any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
             warnings.warn(f"{path.name}: its attention uses options specrt's kernel does not implement (a window, "
                           "a softcap, ...): it runs on ONNX Runtime's", stacklevel=4)
-        return str(path), 0
+        return str(path), 0, 0
+    matmuls = use_specrt_matmul(proto) if matmul else 0
     try:
         library = attention_library()
     except KernelError as e:
@@ -178,7 +200,7 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True)
     if library not in registered:
         opts.register_custom_ops_library(str(library))
         registered.add(library)
-    return proto.SerializeToString(), nodes
+    return proto.SerializeToString(), nodes, matmuls
 
 
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",

@@ -1,5 +1,6 @@
 """`specrt bench peers --serve` without servers: its options, the plan with a missing llama-server listed with the
 recipe that builds it, the interleaved order, and the report (best vs best, goals MET / NOT MET)."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,24 @@ def test_attention_reaches_every_specrt_server(tmp_path):
     argv = serve_peers.server_argv(serve_peers.parse_args(["--attention", "specrt"]), other, 8000, 1, 8192)
     assert argv[argv.index("--attention") + 1] == "ort" and argv[argv.index("--method") + 1] == "none"
     assert other.run_method == "none (ort attention)" and other.label == "specrt int4 none (ort attention)"
+
+
+def test_a_compare_matmul_unit_runs_its_server_with_that_matmul(tmp_path):
+    a = serve_peers.parse_args(["--compare-matmul", "ort"])
+    assert a.compare_matmul == "ort"
+    unit = serve_peers.Unit("specrt", "int4", "none", "int4", tmp_path, matmul="ort")
+    assert unit.run_method == "none (ort matmul)"
+    server = serve_peers.Server(unit, [sys.executable, "-c", "import os; print(os.environ['SPECRT_MATMUL'])"], 8000,
+                                tmp_path)
+    server.proc.wait(timeout=60)
+    assert server.proc.returncode == 0  # the variable reached it (a KeyError otherwise)
+
+
+def test_a_comparison_unit_is_neither_a_method_nor_the_best():
+    records = [record("specrt", "none", 100), record("specrt", "none (ort matmul)", 70),
+               record("specrt", "none (ort attention)", 120), record("llama.cpp", "none", 90)]
+    row = summary(records)[0]
+    assert row["specrt_best_method"] == "none" and row["specrt_vs_plain"] == {}
 
 
 def test_missing_llama_server_is_listed_with_how_to_build_it(tmp_path, monkeypatch, capsys):

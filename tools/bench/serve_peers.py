@@ -54,6 +54,7 @@ class Unit:
     weights: str  # what it runs: "int4" / "Q4_0" ...
     model: Path  # the engine dir, or the GGUF file
     attention: str | None = None  # specrt: serve --attention, where it is not the run's (--compare-attention)
+    matmul: str | None = None  # specrt: $SPECRT_MATMUL for the server, where not the default (--compare-matmul)
 
     @property
     def label(self) -> str:
@@ -61,7 +62,10 @@ class Unit:
 
     @property
     def run_method(self) -> str:
-        """The method as the report names it: ``none (ort attention)`` for a --compare-attention unit."""
+        """The method as the report names it: ``none (ort attention)`` for a --compare-attention unit, ``none (ort
+        matmul)`` for a --compare-matmul one."""
+        if self.matmul is not None:
+            return f"{self.method} ({self.matmul} matmul)"
         return self.method if self.attention is None else f"{self.method} ({self.attention} attention)"
 
 
@@ -70,9 +74,10 @@ class Server:
 
     def __init__(self, unit: Unit, argv: list[str], port: int, log_dir: Path):
         self.unit, self.url = unit, f"http://127.0.0.1:{port}"
-        self.log = log_dir / f"{unit.label.replace(' ', '_')}-{port}.log"
+        self.log = log_dir / f"{unit.label.replace(' ', '_').replace('(', '').replace(')', '')}-{port}.log"
+        env = {**os.environ, "SPECRT_MATMUL": unit.matmul} if unit.matmul else None
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log)
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
     def wait_ready(self, timeout: float = 300) -> None:
         import httpx
@@ -311,6 +316,8 @@ def resolve(a, log=print) -> tuple[list, dict]:
                     units.append(Unit("specrt", precision, m, precision, engine))
             if a.compare_attention and a.compare_attention != a.attention:
                 units.append(Unit("specrt", precision, "none", precision, engine, a.compare_attention))
+            if a.compare_matmul:
+                units.append(Unit("specrt", precision, "none", precision, engine, matmul=a.compare_matmul))
         if "llama.cpp" not in missing:
             try:
                 model = ls.requantize(quantize, gguf, ls.LLAMA_TYPES[precision], sha)
@@ -355,6 +362,9 @@ def parse_args(argv) -> argparse.Namespace:
                          "or specrt's kernel (docs/runtime.md)")
     ap.add_argument("--compare-attention", choices=["auto", "ort", "specrt"],
                     help="also run specrt's plain decoding with this --attention: method 'none (X attention)'")
+    ap.add_argument("--compare-matmul", choices=["ort", "specrt"],
+                    help="also run specrt's plain decoding with $SPECRT_MATMUL=X (who computes the int4 matmuls): "
+                         "method 'none (X matmul)'")
     ap.add_argument("--draft-gguf", help="a draft model GGUF: adds llama-server's draft-simple")
     ap.add_argument("--llama-server", help="the llama-server binary (default: $PATH, then a known build dir)")
     ap.add_argument("--llama-quantize", help="the llama-quantize binary (default: beside llama-server)")
@@ -435,7 +445,7 @@ def meta(a, argv) -> dict:
             "max_tokens": a.max_tokens,
             "tasks": a.tasks, "servers": a.servers_used, "llama_args": a.llama_args,
             "suffix_corpus": str(a.suffix_corpus) if a.suffix_corpus else None, "attention": a.attention,
-            "compare_attention": a.compare_attention}
+            "compare_attention": a.compare_attention, "compare_matmul": a.compare_matmul}
 
 
 if __name__ == "__main__":

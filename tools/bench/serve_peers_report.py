@@ -62,19 +62,26 @@ def summary(records: list[dict]) -> list[dict]:
     for (precision, task, rnd, clients), systems in sorted(cells.items()):
         row = {"precision": precision, "task": task, "round": rnd, "clients": clients}
         for system, short in (("specrt", "specrt"), ("llama.cpp", "llama")):
-            runs = {m: statistics.median(by_repeat.values()) for m, by_repeat in systems.get(system, {}).items()}
+            runs = {m: statistics.median(by_repeat.values()) for m, by_repeat in systems.get(system, {}).items()
+                    if not comparison(m)}
             best = max(runs, key=runs.get) if runs else None
             row.update({f"{short}_plain": runs.get(PLAIN[system]), f"{short}_best": runs.get(best),
                         f"{short}_best_method": best})
         plain = systems.get("specrt", {}).get(PLAIN["specrt"], {})
         row["specrt_vs_plain"] = {m: statistics.median(tps / plain[k] for k, tps in by_repeat.items() if k in plain)
                                   for m, by_repeat in systems.get("specrt", {}).items()
-                                  if m != PLAIN["specrt"] and set(by_repeat) & set(plain)}
+                                  if m != PLAIN["specrt"] and not comparison(m) and set(by_repeat) & set(plain)}
         for col in ("plain", "best"):
             s, l_ = row[f"specrt_{col}"], row[f"llama_{col}"]
             row[f"{col}_ratio"] = s / l_ if s and l_ else None
         rows.append(row)
     return rows
+
+
+def comparison(method: str) -> bool:
+    """Whether a specrt "method" is a --compare-attention / --compare-matmul unit ("none (ort matmul)"): plain
+    decoding in another configuration, shown in the runs but neither a method nor a best."""
+    return method.startswith("none (")
 
 
 def goals(rows: list[dict]) -> list[dict]:

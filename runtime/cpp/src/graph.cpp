@@ -44,10 +44,10 @@ Ort::Session open_on_kernel(Ort::Env &env, const std::string &root, const std::s
   if (!in) throw EngineError("graph file missing: " + root + "/" + file);
   std::ostringstream bytes;
   bytes << in.rdbuf();
-  int nodes = 0;
+  int nodes = 0, matmuls = 0;
   std::string model;
   try {
-    model = kernel_attention_model(bytes.str(), nodes);
+    model = kernel_attention_model(bytes.str(), resolve_matmul(), nodes, matmuls);
   } catch (const EngineError &e) {
     throw EngineError("ONNX Runtime cannot load " + file + ": " + e.what());
   }

@@ -3,9 +3,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <set>
 #include <vector>
 
 #include "error.h"
+
+#include "kernels.h"  // custom_ops/: the int4 matmul beside the attention kernel
 
 // custom_ops/attention.cpp, compiled into this library with its export attribute turned off
 extern "C" OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *api_base);
@@ -80,30 +84,46 @@ void put_bytes(std::string &out, uint32_t number, const std::string &payload) { 
   out += payload;
 }
 
-// Whether the kernel computes a GroupQueryAttention node whose fields these are: custom_ops/__init__.py
-// `supported` (packed QKV, rotary inside, 3 outputs, only the attributes and values the kernel implements).
-bool supported(const std::string &b, const std::vector<Field> &node) {
+// A NodeProto's inputs (field 1, "" for an absent optional one), output count (2) and attributes (5:
+// AttributeProto name 1, f 2, i 3).
+struct Node {
   std::vector<std::string> inputs;
   int outputs = 0;
+  std::map<std::string, std::pair<int64_t, float>> attrs;  // name -> (i, f)
+};
+
+Node read_node(const std::string &b, const std::vector<Field> &node) {
+  Node n;
   for (const Field &f : node) {
-    if (f.number == 1 && f.wire == 2) inputs.push_back(text(b, f));
-    if (f.number == 2 && f.wire == 2) ++outputs;
+    if (f.number == 1 && f.wire == 2) n.inputs.push_back(text(b, f));
+    if (f.number == 2 && f.wire == 2) ++n.outputs;
     if (f.number != 5 || f.wire != 2) continue;
     std::string name;
     int64_t i = 0;
     float x = 0.0f;
-    for (const Field &a : fields(b, f.value, f.end)) {  // AttributeProto: name 1, f 2, i 3
+    for (const Field &a : fields(b, f.value, f.end)) {
       if (a.number == 1 && a.wire == 2) name = text(b, a);
       if (a.number == 2 && a.wire == 5) std::memcpy(&x, b.data() + a.value, 4);
       if (a.number == 3 && a.wire == 0) i = static_cast<int64_t>(a.varint);
     }
+    n.attrs[name] = {i, x};
+  }
+  return n;
+}
+
+// Whether the kernel computes a GroupQueryAttention node: custom_ops/__init__.py `supported` (packed QKV, rotary
+// inside, 3 outputs, only the attributes and values the kernel implements).
+bool supported(const Node &n) {
+  for (const auto &[name, value] : n.attrs) {
+    const auto [i, x] = value;
     const bool ok = name == "num_heads" || name == "kv_num_heads" || name == "scale" ||
                     (name == "do_rotary" && i == 1) || (name == "rotary_interleaved" && i == 0) ||
                     (name == "local_window_size" && i == -1) || (name == "softcap" && x == 0.0f) ||
                     (name == "smooth_softmax" && i == 0);
     if (!ok) return false;
   }
-  if (inputs.size() > 11 || outputs != 3) return false;
+  if (n.inputs.size() > 11 || n.outputs != 3) return false;
+  std::vector<std::string> inputs = n.inputs;
   inputs.resize(11);
   if (!inputs[1].empty() || !inputs[2].empty()) return false;
   for (int k : {0, 3, 4, 5, 6, 7, 8, 9})
@@ -111,13 +131,22 @@ bool supported(const std::string &b, const std::vector<Field> &node) {
   return true;
 }
 
-bool is_attention(const std::string &b, const std::vector<Field> &node) {
+// Whether the int4 matmul computes a MatMulNBits node: custom_ops/__init__.py `supported_matmul` (bits 4,
+// block_size 32, accuracy_level 4, K % 32 == 0, N % 16 == 0, 3 inputs, the weights and scales initializers).
+bool supported_matmul(const Node &n, const std::set<std::string> &initializers) {
+  auto attr = [&](const char *name) { return n.attrs.count(name) ? n.attrs.at(name).first : -1; };
+  return attr("bits") == 4 && attr("block_size") == 32 && attr("accuracy_level") == 4 && attr("K") > 0 &&
+         attr("K") % 32 == 0 && attr("N") > 0 && attr("N") % 16 == 0 && n.inputs.size() == 3 && n.outputs == 1 &&
+         initializers.count(n.inputs[1]) && initializers.count(n.inputs[2]);
+}
+
+bool is_op(const std::string &b, const std::vector<Field> &node, const char *op_type) {
   std::string op, domain;
   for (const Field &f : node) {
     if (f.number == 4 && f.wire == 2) op = text(b, f);
     if (f.number == 7 && f.wire == 2) domain = text(b, f);
   }
-  return op == "GroupQueryAttention" && domain == "com.microsoft";
+  return op == op_type && domain == "com.microsoft";
 }
 
 }  // namespace
@@ -134,6 +163,16 @@ std::string resolve_attention(const std::string &asked) {
   return a;
 }
 
+bool resolve_matmul() {
+  const char *env = std::getenv("SPECRT_MATMUL");
+  const std::string a = env && *env ? env : "auto";
+  if (a != "auto" && a != "ort" && a != "specrt")
+    throw ArgumentError("SPECRT_MATMUL must be one of auto, ort, specrt, got '" + a + "'");
+  if (a == "specrt" && !specrt_matmul_nbits_runs())
+    throw ArgumentError("SPECRT_MATMUL=specrt needs a CPU with AVX-512 VNNI");
+  return a != "ort" && specrt_matmul_nbits_runs();
+}
+
 bool kernel_has_vector_code() {
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   return true;
@@ -142,20 +181,30 @@ bool kernel_has_vector_code() {
 #endif
 }
 
-std::string kernel_attention_model(const std::string &model, int &nodes) {
+std::string kernel_attention_model(const std::string &model, bool matmul, int &nodes, int &matmuls) {
   nodes = 0;
+  matmuls = 0;
   const std::vector<Field> top = fields(model, 0, model.size());  // ModelProto: graph 7, opset_import 8
   const Field *graph = nullptr;
   for (const Field &f : top)
     if (f.number == 7 && f.wire == 2) graph = &f;
   if (!graph) malformed("no graph");
   const std::vector<Field> items = fields(model, graph->value, graph->end);  // GraphProto: node 1
+  std::set<std::string> initializers;  // GraphProto: initializer 5 (TensorProto: name 8)
+  for (const Field &f : items)
+    if (f.number == 5 && f.wire == 2)
+      for (const Field &t : fields(model, f.value, f.end))
+        if (t.number == 8 && t.wire == 2) initializers.insert(text(model, t));
   std::vector<bool> renamed(items.size(), false);
   for (size_t k = 0; k < items.size(); ++k) {
     if (items[k].number != 1 || items[k].wire != 2) continue;
     const std::vector<Field> node = fields(model, items[k].value, items[k].end);
-    if (!is_attention(model, node)) continue;
-    if (!supported(model, node)) return "";  // all or none: every attention row follows one rule
+    if (matmul && is_op(model, node, "MatMulNBits") && supported_matmul(read_node(model, node), initializers)) {
+      renamed[k] = true;
+      ++matmuls;
+    }
+    if (!is_op(model, node, "GroupQueryAttention")) continue;
+    if (!supported(read_node(model, node))) return "";  // all or none: every attention row follows one rule
     renamed[k] = true;
     ++nodes;
   }

@@ -21,10 +21,16 @@ std::string resolve_attention(const std::string &asked);
 // slower than ONNX Runtime's attention, so "auto" keeps ONNX Runtime's without it.
 bool kernel_has_vector_code();
 
+// Whether graphs on the kernel run their int4 MatMulNBits nodes on specrt's int4 matmul too
+// (custom_ops/matmul_nbits.cpp): $SPECRT_MATMUL "auto" (the default: where the CPU has AVX-512 VNNI), "ort" or
+// "specrt" (ArgumentError without AVX-512 VNNI); ArgumentError for any other value.
+bool resolve_matmul();
+
 // `model` (a serialized ModelProto) with its com.microsoft::GroupQueryAttention nodes moved to the kernel's
 // domain (and that domain's opset imported), when the kernel computes every one of them; `nodes` = how many
-// (0: none renamed, and the returned string is empty). EngineError for bytes that are not a ModelProto.
-std::string kernel_attention_model(const std::string &model, int &nodes);
+// (0: none renamed, and the returned string is empty). With `matmul`, the MatMulNBits nodes the int4 matmul
+// computes move too; `matmuls` = how many. EngineError for bytes that are not a ModelProto.
+std::string kernel_attention_model(const std::string &model, bool matmul, int &nodes, int &matmuls);
 
 // Register the kernel's custom op domain in `options` (once per options object).
 void register_kernel(Ort::SessionOptions &options);

@@ -1,0 +1,264 @@
+// specrt's int4 matmul: an ONNX Runtime custom op, ai.specrt::MatMulNBits, that computes what
+// com.microsoft::MatMulNBits computes at accuracy level 4 (int8 activations) for the graphs specrt
+// exports: 4-bit symmetric weights in blocks of 32 along K (zero point 8, one fp32 scale a block), no
+// bias, K a multiple of 32 and N of 16. Y[m, n] = sum over blocks b of sa[m, b] * sw[n, b] * dot(qa, qw),
+// where each row's activations are quantized to int8 per block of 32 (sa = max|a| / 127, round to nearest).
+//
+// Why: ONNX Runtime's kernel at level 4 costs ~0.2 decode steps per extra row (T(5)/T(1) ~1.8 on SmolLM2),
+// so a verify pass is expensive. This one unpacks each weight block ONCE per call for all the call's rows
+// (up to 8 rows in registers, the weights repacked at load so one 512-bit register holds 16 columns x 4
+// K-values), and each row costs one VNNI dot product per 64 weights plus 3 instructions per block: an
+// extra row costs a fraction of the unpacking the first one pays.
+//
+// Exactness: every row is computed by the same instructions in the same order whatever the call's other
+// rows (its own quantization, its own accumulators), so a one-token decode step equals the same token's row
+// of a verify pass bit for bit.
+//
+// AVX-512 VNNI only (custom_ops/__init__.py renames MatMulNBits nodes where the CPU has it; elsewhere ONNX
+// Runtime's kernel stays). Built into libspecrt_kernels.so with the attention kernel (kernels.cpp registers
+// both); libspecrt compiles it in (runtime/cpp/CMakeLists.txt).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+
+#include "kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace {
+
+// The vector code is compiled for AVX-512 VNNI whatever -march says (the library also serves CPUs without it,
+// where Python never renames a node to this op and the kernel's constructor refuses): only the functions between
+// push_options and pop_options, never ONNX Runtime's inline API code.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+constexpr int64_t kCols = 16;                 // columns per group: one 512-bit register of int32 / fp32
+constexpr int64_t kBlock = 32;                // K-values per quantization block
+constexpr int64_t kTileBytes = 256 + 64;      // one (group, block): 16 x 32 nibbles, then 16 fp32 scales
+constexpr int kMaxRows = 8;                   // rows a register tile holds
+
+// The weights of one node, repacked: tile (g, b) at data + (g * blocks + b) * kTileBytes. Byte c * 4 + j of
+// its 64-byte chunk i holds, for column g * 16 + c, K-value b * 32 + 8 * i + j in the low nibble and
+// b * 32 + 8 * i + 4 + j in the high nibble (stored unsigned: q + 8).
+struct Packed {
+  int64_t n = 0, k = 0, groups = 0, blocks = 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> data{nullptr, &std::free};
+};
+
+// b: [N, blocks, 16] bytes, element 2t of a block in byte t's low nibble, 2t + 1 in its high nibble
+// (MatMulNBits' layout); scales: [N * blocks]
+void pack(const uint8_t* b, const float* scales, int64_t n, int64_t k, Packed& p) {
+  p.n = n, p.k = k, p.groups = n / kCols, p.blocks = k / kBlock;
+  const size_t bytes = static_cast<size_t>(p.groups * p.blocks * kTileBytes);
+  p.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
+  if (!p.data) throw std::bad_alloc();
+  auto nibble = [&](int64_t col, int64_t blk, int64_t kk) {
+    return (b[(col * p.blocks + blk) * (kBlock / 2) + kk / 2] >> (4 * (kk & 1))) & 15;
+  };
+  for (int64_t g = 0; g < p.groups; ++g)
+    for (int64_t blk = 0; blk < p.blocks; ++blk) {
+      uint8_t* tile = p.data.get() + (g * p.blocks + blk) * kTileBytes;
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t c = 0; c < kCols; ++c)
+          for (int64_t j = 0; j < 4; ++j)
+            tile[i * 64 + c * 4 + j] = static_cast<uint8_t>(nibble(g * kCols + c, blk, 8 * i + j) |
+                                                            nibble(g * kCols + c, blk, 8 * i + 4 + j) << 4);
+      float* s = reinterpret_cast<float*>(tile + 256);
+      for (int64_t c = 0; c < kCols; ++c) s[c] = scales[(g * kCols + c) * p.blocks + blk];
+    }
+}
+
+// A call's activations quantized per row and block: q [M, K] int8, scale [M, blocks], bias [M, blocks] =
+// -8 * sum of the block's q (the weights' zero point, folded into the accumulator's start).
+struct Rows {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> bias;
+};
+
+void quantize(const float* a, int64_t m, int64_t k, Rows& rows) {
+  const int64_t blocks = k / kBlock;
+  rows.q.resize(m * k), rows.scale.resize(m * blocks), rows.bias.resize(m * blocks);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const float* x = a + r * k + blk * kBlock;
+      const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      const float scale = amax / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
+      const __m512 inv = _mm512_set1_ps(inverse);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, inv));
+      int8_t* out = rows.q.data() + r * k + blk * kBlock;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtsepi32_epi8(q1));
+      rows.scale[r * blocks + blk] = scale;
+      rows.bias[r * blocks + blk] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+// Y rows row0..row0+R-1, columns of groups g0..g0+G-1: every weight block unpacked once for the R rows.
+template <int R, int G>
+void tile(const Packed& p, const Rows& a, int64_t row0, int64_t g0, float* y) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[R][G];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int64_t blk = 0; blk < p.blocks; ++blk) {
+    const uint8_t* t[G];
+    for (int g = 0; g < G; ++g) t[g] = p.data.get() + ((g0 + g) * p.blocks + blk) * kTileBytes;
+    __m512i dot[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_set1_epi32(a.bias[(row0 + r) * p.blocks + blk]);
+    for (int i = 0; i < 4; ++i) {
+      __m512i lo[G], hi[G];
+      for (int g = 0; g < G; ++g) {
+        const __m512i v = _mm512_load_si512(t[g] + 64 * i);
+        lo[g] = _mm512_and_si512(v, low);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.q.data() + (row0 + r) * p.k + blk * kBlock + 8 * i;
+        int32_t q_lo, q_hi;
+        std::memcpy(&q_lo, q, 4), std::memcpy(&q_hi, q + 4, 4);
+        const __m512i x_lo = _mm512_set1_epi32(q_lo), x_hi = _mm512_set1_epi32(q_hi);
+        for (int g = 0; g < G; ++g) {
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], lo[g], x_lo);
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], hi[g], x_hi);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 sa = _mm512_set1_ps(a.scale[(row0 + r) * p.blocks + blk]);
+      for (int g = 0; g < G; ++g) {
+        const __m512 s = _mm512_mul_ps(_mm512_load_ps(reinterpret_cast<const float*>(t[g] + 256)), sa);
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][g]), s, acc[r][g]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(y + (row0 + r) * p.n + (g0 + g) * kCols, acc[r][g]);
+}
+
+using TileFn = void (*)(const Packed&, const Rows&, int64_t, int64_t, float*);
+// groups a tile spans for R rows: enough independent accumulators to hide the dot products' latency
+constexpr int groups_for(int r) { return r <= 2 ? 4 : r <= 4 ? 2 : 1; }
+template <int R>
+constexpr TileFn wide() { return &tile<R, groups_for(R)>; }
+constexpr TileFn kWide[kMaxRows + 1] = {nullptr, wide<1>(), wide<2>(), wide<3>(), wide<4>(),
+                                        wide<5>(), wide<6>(), wide<7>(), wide<8>()};
+constexpr TileFn kNarrow[kMaxRows + 1] = {nullptr, &tile<1, 1>, &tile<2, 1>, &tile<3, 1>, &tile<4, 1>,
+                                          &tile<5, 1>, &tile<6, 1>, &tile<7, 1>, &tile<8, 1>};
+
+struct Job {
+  const Packed* p;
+  const Rows* a;
+  int64_t m;
+  int64_t span;  // groups per task
+  float* y;
+};
+
+// task i: groups [i * span, (i + 1) * span) for every row, in row tiles of up to 8
+void run_task(void* data, size_t i) {
+  const auto* job = static_cast<const Job*>(data);
+  const int64_t g_end = std::min<int64_t>(job->p->groups, (static_cast<int64_t>(i) + 1) * job->span);
+  for (int64_t row0 = 0; row0 < job->m; row0 += kMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, job->m - row0));
+    const int64_t wide_groups = groups_for(rows);
+    int64_t g = static_cast<int64_t>(i) * job->span;
+    for (; g + wide_groups <= g_end; g += wide_groups) kWide[rows](*job->p, *job->a, row0, g, job->y);
+    for (; g < g_end; ++g) kNarrow[rows](*job->p, *job->a, row0, g, job->y);
+  }
+}
+
+#pragma GCC pop_options
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+struct MatMulKernel {
+  Packed packed;
+
+  MatMulKernel(const OrtApi&, const OrtKernelInfo* info) {
+    Ort::ConstKernelInfo k(info);
+    if (!cpu_has_vnni())
+      ORT_CXX_API_THROW("specrt MatMulNBits: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
+    const int64_t n = k.GetAttribute<int64_t>("N"), kk = k.GetAttribute<int64_t>("K");
+    if (k.GetAttribute<int64_t>("bits") != 4 || k.GetAttribute<int64_t>("block_size") != kBlock || n % kCols ||
+        kk % kBlock || k.GetInputCount() != 3)
+      ORT_CXX_API_THROW("specrt MatMulNBits: needs bits 4, block_size 32, N % 16 == 0, K % 32 == 0, no zero points "
+                        "or bias", ORT_INVALID_ARGUMENT);
+    int constant_b = 0, constant_s = 0;
+    auto b = k.GetTensorConstantInput(1, &constant_b), s = k.GetTensorConstantInput(2, &constant_s);
+    if (!constant_b || !constant_s)
+      ORT_CXX_API_THROW("specrt MatMulNBits: the weights and scales must be initializers", ORT_INVALID_ARGUMENT);
+    if (b.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * kk / 2) ||
+        s.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * kk / kBlock))
+      ORT_CXX_API_THROW("specrt MatMulNBits: weights or scales do not match N and K", ORT_INVALID_ARGUMENT);
+    pack(b.GetTensorData<uint8_t>(), s.GetTensorData<float>(), n, kk, packed);
+  }
+
+  void Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    auto a = ctx.GetInput(0);
+    std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
+    if (shape.empty() || shape.back() != packed.k)
+      ORT_CXX_API_THROW("specrt MatMulNBits: A's last dimension is not K", ORT_INVALID_ARGUMENT);
+    int64_t m = 1;
+    for (size_t d = 0; d + 1 < shape.size(); ++d) m *= shape[d];
+    shape.back() = packed.n;
+    auto y = ctx.GetOutput(0, shape);
+    if (m == 0) return;
+    thread_local Rows rows;
+    quantize(a.GetTensorData<float>(), m, packed.k, rows);
+    // tasks of 4 groups (64 columns): enough of them to share among threads, each a whole wide tile
+    Job job{&packed, &rows, m, 4, y.GetTensorMutableData<float>()};
+    ctx.ParallelFor(run_task, static_cast<size_t>((packed.groups + job.span - 1) / job.span), 0, &job);
+  }
+};
+
+struct MatMulOp : Ort::CustomOpBase<MatMulOp, MatMulKernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulKernel(api, info); }
+  const char* GetName() const { return "MatMulNBits"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+  // Y: A's shape with its last dimension N
+  static OrtStatusPtr InferOutputShape(Ort::ShapeInferContext& ctx) {
+    try {
+      Ort::ShapeInferContext::Shape out = ctx.GetInputShape(0);
+      if (out.empty()) ORT_CXX_API_THROW("specrt MatMulNBits: A must have a dimension", ORT_INVALID_ARGUMENT);
+      out.back() = Ort::ShapeInferContext::SymbolicInteger(ctx.GetAttrInt("N"));
+      Ort::Status status = ctx.SetOutputShape(0, out);
+      if (!status.IsOK()) return status.release();
+    } catch (const Ort::Exception& e) {
+      return Ort::Status(e).release();
+    }
+    return nullptr;
+  }
+};
+
+MatMulOp matmul_op;
+
+}  // namespace
+
+const OrtCustomOp* specrt_matmul_nbits_op() { return &matmul_op; }
+bool specrt_matmul_nbits_runs() { return cpu_has_vnni(); }
+#else
+const OrtCustomOp* specrt_matmul_nbits_op() { return nullptr; }
+bool specrt_matmul_nbits_runs() { return false; }
+#endif

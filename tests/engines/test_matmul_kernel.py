@@ -1,0 +1,88 @@
+"""specrt's int4 matmul (custom_ops/matmul_nbits.cpp, ai.specrt::MatMulNBits) against ONNX Runtime's MatMulNBits
+at accuracy level 4 on the same weights and inputs, the property the runtime relies on (a row's output does not
+depend on the call's other rows, bit for bit), and which nodes it takes over."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from specrt.custom_ops import KernelError, attention_library, matmul_code, use_specrt_matmul
+
+
+@pytest.fixture(scope="module")
+def library():
+    if not matmul_code():
+        pytest.skip("specrt's int4 matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
+    try:
+        return attention_library()
+    except KernelError as e:
+        pytest.skip(str(e).splitlines()[0])
+
+
+def matmul_model(k: int, n: int, domain: str = "com.microsoft", seed: int = 0, weights_as_input: bool = False,
+                 **attrs):
+    """One MatMulNBits node Y = A @ dequant(B) over A [batch, rows, K], random 4-bit weights and scales."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(n, k // 32, 16), dtype=np.uint8)
+    s = (rng.random(n * k // 32, dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
+    attrs = {"K": k, "N": n, "bits": 4, "block_size": 32, "accuracy_level": 4, **attrs}
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain=domain, **attrs)
+    inputs = [helper.make_tensor_value_info("A", TP.FLOAT, ["batch", "rows", k])]
+    initializers = [numpy_helper.from_array(s, "S")]
+    if weights_as_input:
+        inputs.append(helper.make_tensor_value_info("B", TP.UINT8, list(b.shape)))
+    else:
+        initializers.append(numpy_helper.from_array(b, "B"))
+    graph = helper.make_graph([node], "matmul", inputs, [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+    model.ir_version = 10
+    return model
+
+
+def session(model, library=None):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    if library is not None:
+        opts.register_custom_ops_library(str(library))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("k,n", [(64, 16), (96, 48), (576, 192)])
+def test_it_computes_what_onnx_runtime_computes(library, k, n):
+    ours = session(matmul_model(k, n, "ai.specrt"), library)
+    ort_ = session(matmul_model(k, n))
+    rng = np.random.default_rng(1)
+    for batch, rows in [(1, 1), (1, 5), (2, 8), (1, 9), (3, 21)]:
+        a = rng.standard_normal((batch, rows, k)).astype(np.float32)
+        a[0, 0, :32] = 0.0  # a block of zeros: scale 0, no division by it
+        y, want = ours.run(None, {"A": a})[0], ort_.run(None, {"A": a})[0]
+        assert y.shape == (batch, rows, n)
+        np.testing.assert_allclose(y, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+def test_a_row_does_not_depend_on_the_calls_other_rows(library):
+    """A decode step (1 row) equals the same row of a verify pass (up to 8 rows a register tile, more across
+    tiles) bit for bit."""
+    ours = session(matmul_model(96, 64, "ai.specrt"), library)
+    a = np.random.default_rng(2).standard_normal((1, 19, 96)).astype(np.float32)
+    whole = ours.run(None, {"A": a})[0]
+    for lo, hi in [(0, 1), (3, 4), (18, 19), (2, 7), (5, 16)]:
+        assert np.array_equal(ours.run(None, {"A": a[:, lo:hi]})[0], whole[:, lo:hi]), (lo, hi)
+
+
+def test_only_the_nodes_it_computes_are_renamed():
+    def renamed(**kw) -> int:
+        return use_specrt_matmul(matmul_model(64, 32, **kw))
+
+    assert renamed() == 1
+    assert renamed(block_size=64) == 0 and renamed(accuracy_level=1) == 0 and renamed(bits=8) == 0
+    assert renamed(weights_as_input=True) == 0  # its weights must be in the graph (packed when the session opens)
+    assert use_specrt_matmul(matmul_model(64, 24)) == 0  # N not a multiple of 16
+    model = matmul_model(64, 32)
+    model.graph.node[0].input.append("zero_points")
+    assert use_specrt_matmul(model) == 0
