@@ -176,7 +176,8 @@ def onnx_operator_profile(rt, cfg: ProfileConfig, out: Path, threads: int | None
         serving = getattr(model.engine, "session", None)  # the runtime's own session: same providers
         engine = OrtEngine(rt.manifest.root / model.spec.file, threads=threads, profile_prefix=str(out / role),
                            providers=serving.get_providers() if serving else None,
-                           attention=getattr(model.engine, "attention", None))  # the runtime's attention too
+                           attention=getattr(model.engine, "attention", None),  # the runtime's kernels too
+                           matmul=getattr(model.engine, "matmul", None))
         runner = runner_for_graph(engine, model.spec, rt.manifest.max_len)
         for shape, q in model.spec.shapes.items():
             p = 0 if shape == "prefill" else min(past, rt.manifest.max_len - int(q))
