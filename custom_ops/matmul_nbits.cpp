@@ -15,8 +15,8 @@
 // of a verify pass bit for bit.
 //
 // AVX-512 VNNI only (custom_ops/__init__.py renames MatMulNBits nodes where the CPU has it; elsewhere ONNX
-// Runtime's kernel stays). Built into libspecrt_kernels.so with the attention kernel (kernels.cpp registers
-// both); libspecrt compiles it in (runtime/cpp/CMakeLists.txt).
+// Runtime's kernel stays). Built into libspecrt_kernels.so with the attention kernel (attention.cpp's
+// RegisterCustomOps adds both, kernels.h); libspecrt compiles it in (runtime/cpp/CMakeLists.txt).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
