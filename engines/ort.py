@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from pathlib import Path
 
@@ -159,8 +160,6 @@ def kernel_pays() -> bool:
 
 def resolve_matmul(matmul: str | None, on_cpu: bool) -> str:
     """"specrt" or "ort": OrtEngine's ``matmul`` (None: $SPECRT_MATMUL, else "auto") on this machine."""
-    import os
-
     from ..custom_ops import matmul_code
 
     matmul = matmul or os.environ.get("SPECRT_MATMUL") or "auto"

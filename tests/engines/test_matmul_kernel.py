@@ -9,6 +9,8 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from specrt.custom_ops import KernelError, attention_library, matmul_code, use_specrt_matmul
+from specrt.engines import EngineError
+from specrt.engines.ort import resolve_matmul
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +88,15 @@ def test_only_the_nodes_it_computes_are_renamed():
     model = matmul_model(64, 32)
     model.graph.node[0].input.append("zero_points")
     assert use_specrt_matmul(model) == 0
+
+
+def test_who_computes_the_int4_matmuls(monkeypatch):
+    monkeypatch.delenv("SPECRT_MATMUL", raising=False)
+    assert resolve_matmul("ort", True) == "ort" and resolve_matmul("auto", False) == "ort"  # a GPU provider: ORT's
+    assert resolve_matmul(None, True) == ("specrt" if matmul_code() else "ort")
+    monkeypatch.setenv("SPECRT_MATMUL", "ort")
+    assert resolve_matmul(None, True) == "ort"
+    with pytest.raises(EngineError, match="matmul must be one of auto, ort, specrt, got 'fast'"):
+        resolve_matmul("fast", True)
+    with pytest.raises(EngineError, match="needs the CPU execution provider on a CPU with AVX-512 VNNI"):
+        resolve_matmul("specrt", False)
