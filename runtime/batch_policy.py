@@ -14,16 +14,19 @@ every step, from measurements:
     throughput(γ) = Σ_b E[tokens](α_b, γ) / (T(B·(γ+1)) + γ·D(B))     E = (1 - α^(γ+1)) / (1 - α)
     throughput(0) = B / T(B)
 
-and the policy runs the γ in 0..γmax with the highest predicted throughput (ties: the smaller γ).
+and the policy runs the γ in 0..γmax with the highest predicted throughput (ties: the smaller γ), where it
+beats γ = 0 by at least ``MIN_GAIN`` (a smaller gain is within the measurements' noise and does not pay for what
+the prediction leaves out: a batch whose rows speculation advanced unevenly ends on steps of fewer rows).
 A measured ``speculation_max_batch`` (manifest ``defaults``, written by profiling) caps it:
 speculation is off above that batch size whatever the prediction says.
 
 The prediction leaves out what a step costs besides its engine calls (proposing, verification
 bookkeeping, masks, rows with nothing to propose padded into the pass) and trusts α estimates that
 lag, so a guard checks it against what steps realize (``RealizedRates``): per batch size the
-whole-step tokens/s (host + engine: tokens, positions and host time per step measured, the engine
-cost read from T) of speculative steps and of plain steps; where
-speculative steps realize less, the step is plain (reason "guard") and every ``probe_every``-th
+whole-step tokens/s (host + engine: tokens, host time and engine time per step measured, the engine
+time relative to T(B) then) of speculative steps and of plain steps; where
+speculative steps realize less than ``MIN_GAIN`` times plain's, the step is plain (reason "guard") and every
+``probe_every``-th
 such step (doubling, up to 4x, while it keeps losing) the speculative rate is measured afresh,
 so speculation comes back once it pays. Plain
 steps are spent only where speculative ones do not already beat B / T(B) (a plain step's engine
@@ -38,6 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gamma import expected_tokens
+
+MIN_GAIN = 1.1  # tokens/s speculation must be predicted (and, under the guard, measured) to reach, as a multiple of
+# plain decoding's, to run: below it, timing noise and what the prediction leaves out outweigh the gain
 
 
 class LatencyCurve:
@@ -122,13 +128,16 @@ def batch_bucket(batch: int) -> int:
 class RealizedRates:
     """Measured tokens per second of whole steps (host + engine), per batch size, plain vs speculative.
 
-    Per (bucket of batch sizes, speculative) decayed sums over steps of tokens and positions per row, host
-    seconds and engine seconds. A rate at batch B puts what does not move with the machine's load (tokens
-    and positions per row, host time as a fraction of engine time) over the latency curve's current cost:
+    Per (bucket of batch sizes, speculative) decayed sums over steps of tokens per row, engine time relative to
+    what the latency curve said a plain step at that batch size cost then (``reference``, T(B)), host seconds and
+    engine seconds. A rate at batch B puts what does not move with the machine's load or the rows' context
+    lengths (tokens per row, relative engine time, host time as a fraction of engine time) over the curve's
+    current cost of a plain step:
 
-        rate(B) = B · tokens per row / (T(B · positions per row) · (1 + host / engine))
+        rate(B) = B · tokens per row / (T(B) · relative engine time · (1 + host / engine))
 
-    so two arms measured minutes apart, under different load, still compare, and evidence carries over
+    so two arms measured minutes apart, under different load or at other context lengths, still compare (the
+    curve's points at the sizes only speculative steps reach are not read: they lag), and evidence carries over
     between nearby batch sizes (buckets 1, 2, 3-4, 5-8, 9-16, ...: a server's batch shrinks one by one as its
     requests finish, and each size measured afresh would cost every size its own losing steps). Known once
     ``min_steps`` steps were recorded; one step's host seconds count at most ``spike`` times the
@@ -136,27 +145,27 @@ class RealizedRates:
 
         r = RealizedRates()
         for _ in range(3):
-            r.record(4, False, tokens=4, seconds=0.011, engine=0.010, positions=4)  # plain: 10% host
-            r.record(4, True, tokens=6, seconds=0.033, engine=0.030, positions=20)  # speculative
-        T = lambda n: 0.010 if n <= 4 else 0.030  # the engine curve now
+            r.record(4, False, tokens=4, seconds=0.011, engine=0.010, reference=0.010)  # plain: 10% host
+            r.record(4, True, tokens=6, seconds=0.033, engine=0.030, reference=0.010)  # speculative: 3x the engine
+        T = lambda n: 0.010  # the engine curve now
         r.rate(4, True, T) < r.rate(4, False, T)  # -> True (182 < 364 tok/s): speculation does not pay
     """
 
     def __init__(self, decay: float = 0.8, spike: float = 3.0, min_steps: int = 3):
         self.decay, self.spike, self.min_steps = decay, spike, min_steps
-        self.arms: dict[tuple[int, bool], list] = {}  # (batch_bucket, speculative) -> [tokens per row, positions
-        # per row, host, engine, weight] decayed, and the number of steps recorded
+        self.arms: dict[tuple[int, bool], list] = {}  # (batch_bucket, speculative) -> [tokens per row, relative
+        # engine time, host, engine, weight] decayed, and the number of steps recorded
 
     def record(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
-               positions: int) -> None:
-        """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls over
-        ``positions`` = B·Q positions."""
+               reference: float) -> None:
+        """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls, when the latency
+        curve gave a plain step at this batch size ``reference`` seconds."""
         arm = self.arms.setdefault((batch_bucket(batch), speculative), [0.0, 0.0, 0.0, 0.0, 0.0, 0])
         host = max(0.0, seconds - engine)
         if arm[5]:
             host = min(host, self.spike * arm[2] / arm[4])
         d = self.decay
-        for i, x in enumerate((tokens / batch, positions / batch, host, engine, 1.0)):
+        for i, x in enumerate((tokens / batch, engine / max(reference, 1e-12), host, engine, 1.0)):
             arm[i] = d * arm[i] + x
         arm[5] += 1
 
@@ -166,8 +175,8 @@ class RealizedRates:
         arm = self.arms.get((batch_bucket(batch), speculative))
         if arm is None or arm[5] < self.min_steps:
             return None
-        tokens, positions, host, engine, weight, _ = arm
-        t = target_seconds(max(1, round(batch * positions / weight)))
+        tokens, relative, host, engine, weight, _ = arm
+        t = target_seconds(batch) * relative / weight
         cost = t * (1 + host / engine) if engine > 0 else t + host / weight
         return batch * tokens / weight / max(cost, 1e-12)
 
@@ -198,9 +207,9 @@ def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callabl
 
 def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callable[[int], float],
                  draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None,
-                 tree: tuple[int, int] | None = None) -> PolicyDecision:
+                 tree: tuple[int, int] | None = None, min_gain: float = MIN_GAIN) -> PolicyDecision:
     """The γ in 0..gamma_max (a tree method: 0 or 1 = its tree) with the highest predicted throughput for
-    this batch (one α per sequence).
+    this batch (one α per sequence), if that beats γ = 0's by ``min_gain``; else 0.
 
     Pure: everything it uses is an argument. ``speculation_max_batch``: above this batch size
     the answer is 0 (a measured cap; None = no cap).
@@ -212,13 +221,16 @@ def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callab
     choices = range(gamma_max + 1) if tree is None else range(2)
     rates = [step_throughput(g, alphas, target_seconds, draft_seconds, tree) for g in choices]
     best = int(np.argmax(rates))  # first maximum: the smaller γ on ties
+    if rates[best] < min_gain * rates[0]:
+        return PolicyDecision(0, 1.0, "policy")
     return PolicyDecision(best, rates[best] / rates[0], "policy")
 
 
 def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: Callable[[int], float],
-              floor: int = 0) -> int:
+              floor: int = 0, min_gain: float = MIN_GAIN) -> int:
     """How many of its proposed tokens each row verifies this step, decided once the proposals are made: the
-    c in floor..max(lengths) with the highest predicted tokens per second of the pass.
+    c in floor..max(lengths) with the highest predicted tokens per second of the pass, where that beats the
+    floor's by ``min_gain`` (else the floor).
 
     ``choose_gamma`` prices a step as if every row proposed γ tokens. A lookup proposer (n-gram, suffix) proposes
     what its match gives: 0..γ tokens per row. The pass still verifies every row at the longest chain's length (the
@@ -231,22 +243,21 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: C
         >>> chain_cut([8, 8, 8, 8], [0.9] * 4, T), chain_cut([8], [0.9], T)
         (3, 7)
     """
-    b, best, best_rate = len(lengths), floor, -1.0
-    for c in range(floor, max([floor, *lengths]) + 1):
-        tokens = sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas))
-        rate = tokens / max(target_seconds(b * (c + 1)), 1e-12)
-        if rate > best_rate:  # ties: the shorter cut
-            best, best_rate = c, rate
-    return best
+    b = len(lengths)
+    rates = [sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas)) / max(target_seconds(b * (c + 1)), 1e-12)
+             for c in range(floor, max([floor, *lengths]) + 1)]
+    best = int(np.argmax(rates))  # first maximum: the shorter cut on ties
+    return floor + best if rates[best] >= min_gain * rates[0] else floor
 
 
 def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],
-                          draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None) -> int:
+                          draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None,
+                          min_gain: float = MIN_GAIN) -> int:
     """The largest batch size <= max_batch at which ``choose_gamma`` speculates when every sequence has
     acceptance ``alpha`` (0: not even at batch 1). The measured analogue of vLLM's disable_by_batch_size."""
     largest = 0
     for b in range(1, max_batch + 1):
-        if choose_gamma([alpha] * b, gamma_max, target_seconds, draft_seconds, tree=tree).gamma > 0:
+        if choose_gamma([alpha] * b, gamma_max, target_seconds, draft_seconds, tree=tree, min_gain=min_gain).gamma > 0:
             largest = b
     return largest
 
@@ -262,6 +273,7 @@ class PolicyConfig:
     tree: tuple[int, int] | None = None  # (nodes, depth) of a tree method: γ is 0 (plain) or 1 (verify the tree)
     guard: bool = True  # check the prediction against realized whole-step tokens/s (False: the prediction alone)
     probe: bool = True  # probe steps while off (False: α is measured without them, the proposer's ``shadow``)
+    min_gain: float = MIN_GAIN  # speculation runs where predicted (and measured) tokens/s beat plain's by this factor
 
 
 class SpeculationPolicy:
@@ -289,11 +301,11 @@ class SpeculationPolicy:
     def record_draft(self, batch: int, q: int, seconds: float) -> None:
         self.draft_curve.record(batch * q, seconds)
 
-    def record_step(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
-                    positions: int) -> None:
+    def record_step(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float) -> None:
         """A whole step of ``batch`` rows of this method: ``tokens`` emitted in ``seconds`` (host + ``engine``
-        seconds of target calls over ``positions`` = B·Q positions)."""
-        self.realized.record(batch, speculative, tokens, seconds, engine, positions)
+        seconds of target calls), rated against what the curve says a plain step at ``batch`` costs now."""
+        reference = self.target_curve.seconds(batch) if self.target_curve else engine
+        self.realized.record(batch, speculative, tokens, seconds, engine, reference)
 
     def draft_seconds(self, batch: int) -> float:
         if not self.config.draft_cost or not self.draft_curve:
@@ -313,7 +325,7 @@ class SpeculationPolicy:
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
         d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
-                         cfg.speculation_max_batch, cfg.tree)
+                         cfg.speculation_max_batch, cfg.tree, cfg.min_gain)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:
             self._idle_steps += 1
             if self._idle_steps >= self._probe_interval:
@@ -332,8 +344,9 @@ class SpeculationPolicy:
     def _guard(self, batch: int, d: PolicyDecision) -> PolicyDecision:
         """The predicted speculative step ``d`` checked against measured whole steps at this batch size (its
         bucket's evidence, ``RealizedRates``): plain
-        ("guard") where speculative steps realized fewer tokens/s than plain ones, or to measure plain steps at
-        all, unless they beat even B / T(B), a plain step's engine call alone (then no plain step is spent).
+        ("guard") where speculative steps realized fewer tokens/s than ``min_gain`` times plain ones', or to
+        measure plain steps at all, unless they beat even that times B / T(B), a plain step's engine call alone
+        (then no plain step is spent).
         Every ``probe_every`` guarded steps on one arm the other arm is forgotten and measured afresh
         (``min_steps`` steps), so either can win back; while speculation keeps losing, the interval doubles
         (up to 4x)."""
@@ -341,13 +354,14 @@ class SpeculationPolicy:
         spec, plain = self.realized.rate(batch, True, t), self.realized.rate(batch, False, t)
         if spec is None:  # speculation not measured (again) yet at this batch size: as predicted
             return d
-        if spec >= batch / t(batch):  # faster than a plain step's engine call alone
+        gain = self.config.min_gain
+        if spec >= gain * batch / t(batch):  # faster than a plain step's engine call alone
             return d
         if plain is None:  # then plain steps, to compare
             return PolicyDecision(0, 1.0, "guard")
         key = batch_bucket(batch)
         count, interval = self._guard_steps.get(key, (0, self.config.probe_every))
-        wins = spec >= plain
+        wins = spec >= gain * plain
         if wins:
             interval = self.config.probe_every
         if count + 1 > interval:  # re-measure the arm not run lately; speculation that keeps losing: less often
@@ -362,6 +376,6 @@ class SpeculationPolicy:
         if not self.target_curve:
             return 0
         b = speculation_max_batch(alpha, max_batch, self.config.gamma_max, self.target_curve.seconds,
-                                  self.draft_seconds, self.config.tree)
+                                  self.draft_seconds, self.config.tree, self.config.min_gain)
         cap = self.config.speculation_max_batch
         return b if cap is None else min(b, cap)

@@ -201,20 +201,19 @@ class DecodeCore:
                 self._free(row)
         decision = decisions[next(m for m in self.proposers if m in decisions)]
         tokens, seconds, positions = sum(map(len, news)), time.perf_counter() - t0, out.logits.shape[0] * out.logits.shape[1]
-        self._account(rows, decisions, tokens, seconds, self.target.engine_seconds - engine0, positions)
+        self._account(rows, decisions, tokens, seconds, self.target.engine_seconds - engine0)
         return updates, StepReport(
             batch_size=len(rows), gamma=max(d.gamma for d in decisions.values()), decision=decision,
             positions=positions, tokens=tokens,
             proposed=sum(len(p.tokens) for p in proposals), accepted=sum(len(k) - 1 for k in keeps),
             seconds=seconds, decisions=decisions)
 
-    def _account(self, rows: list[Row], decisions: dict, tokens: int, seconds: float, engine: float,
-                 positions: int) -> None:
+    def _account(self, rows: list[Row], decisions: dict, tokens: int, seconds: float, engine: float) -> None:
         """Each method's policy learns what the whole step realized (host + engine: its guard's evidence),
         keyed by its rows' count (a core serving several methods: the step's figures are shared)."""
         for method, decision in decisions.items():
             count = sum(row.method == method for row in rows)
-            self.policies[method].record_step(count, decision.gamma > 0, tokens, seconds, engine, positions)
+            self.policies[method].record_step(count, decision.gamma > 0, tokens, seconds, engine)
 
     def _plan(self, rows: list[Row]) -> tuple[dict, list[int], list[int]]:
         """Per method among the rows its policy's decision; per row its γ and proposal size k_b (0: none)."""
@@ -265,7 +264,8 @@ class DecodeCore:
                 for row, p in zip(rows, proposals)]
         floor = max([len(p.tokens) for p, f in zip(proposals, free) if not f], default=0)
         c = chain_cut([len(p.tokens) for p in proposals], [row.alpha.alpha for row in rows],
-                      self.policy.target_curve.seconds, floor) if any(free) and self.policy.target_curve else None
+                      self.policy.target_curve.seconds, floor, self.policy.config.min_gain) \
+            if any(free) and self.policy.target_curve else None
         if c is None or c >= max(len(p.tokens) for p in proposals):
             return proposals, decisions
         proposals = [Proposal(p.tokens[:c]) if f else p for p, f in zip(proposals, free)]

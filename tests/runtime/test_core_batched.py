@@ -146,12 +146,14 @@ def no_draft(b: int) -> float:
 
 
 def test_policy_speculates_at_batch_1_and_stops_past_the_ridge():
-    gammas = [choose_gamma([0.8] * b, 4, ridge, no_draft).gamma for b in (1, 4, 8, 16, 28, 29, 32, 64)]
+    gammas = [choose_gamma([0.8] * b, 4, ridge, no_draft).gamma for b in (1, 4, 8, 16, 26, 27, 32, 64)]
     assert gammas[0] == 4  # all verification is free at batch 1
     assert gammas == sorted(gammas, reverse=True)  # never more speculation at a larger batch
     assert gammas[3] == 1  # B=16: γ=1 -> 28.8 tok/s beats γ=0 -> 16 and γ=4 -> 21.5
-    assert gammas[4] == 1 and gammas[5] == 0  # B=28: 28.8 > 28; B=29: 28.8 < 29
-    assert speculation_max_batch(0.8, 64, 4, ridge, no_draft) == 28
+    assert gammas[4] == 1 and gammas[5] == 0  # B=26: 28.8 >= MIN_GAIN (1.1) x 26; B=27: 28.8 < 1.1 x 27
+    assert speculation_max_batch(0.8, 64, 4, ridge, no_draft) == 26
+    assert [choose_gamma([0.8] * b, 4, ridge, no_draft, min_gain=1.0).gamma for b in (28, 29)] == [1, 0]  # any gain
+    assert speculation_max_batch(0.8, 64, 4, ridge, no_draft, min_gain=1.0) == 28
 
 
 def test_policy_counts_draft_cost_and_acceptance():
@@ -233,4 +235,5 @@ def test_policy_turns_a_tree_off_when_the_batch_fills_the_hardware():
     assert choose_gamma([0.7], 4, t, d, tree=tree).gamma == 1  # 2.53 / 1.1 > 1 / 1
     assert choose_gamma([0.7] * 4, 4, t, d, tree=tree).gamma == 0  # 10.1 / 3.1 < 4 / 1
     assert choose_gamma([0.05], 4, t, d, tree=tree).gamma == 0  # a tree that is hardly ever accepted
-    assert speculation_max_batch(0.7, 16, 4, t, d, tree=tree) == 3
+    assert speculation_max_batch(0.7, 16, 4, t, d, tree=tree) == 2  # B=3: 7.6 / 2.35 = 1.08x plain, under MIN_GAIN
+    assert speculation_max_batch(0.7, 16, 4, t, d, tree=tree, min_gain=1.0) == 3

@@ -2,7 +2,8 @@
 tokens/s, on synthetic step timings (no clock is read)."""
 import pytest
 
-from specrt.runtime.batch_policy import PolicyConfig, RealizedRates, SpeculationPolicy, batch_bucket
+from specrt.runtime.batch_policy import (PolicyConfig, RealizedRates, SpeculationPolicy, batch_bucket, chain_cut,
+                                        choose_gamma)
 from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
 
@@ -28,7 +29,7 @@ def run(policy: SpeculationPolicy, steps: int, batch: int, spec_rate: float, pla
         rate = spec_rate if d.gamma > 0 else plain_rate
         tokens = 3 * batch if d.gamma > 0 else batch
         engine = policy.target_curve.seconds(batch * (d.gamma + 1))  # the rest of the step is host time
-        policy.record_step(batch, d.gamma > 0, tokens, tokens / rate, engine, batch * (d.gamma + 1))
+        policy.record_step(batch, d.gamma > 0, tokens, tokens / rate, engine)
         out.append(d)
     return out
 
@@ -88,13 +89,14 @@ def test_evidence_is_per_batch_size():
 
 def test_evidence_carries_over_between_batch_sizes_of_a_bucket():
     """A server's batch shrinks one row at a time as requests finish: what speculation realized at 12 rows
-    decides at 11 and 9 too (bucket 9-16), rated at the asking size from tokens and positions per row."""
+    decides at 11 and 9 too (bucket 9-16), rated at the asking size from tokens per row and engine time relative
+    to a plain step's."""
     policy = free_verification(probe_every=8)
     run(policy, 7, batch=12, spec_rate=200.0, plain_rate=400.0)  # measured at 12 (3 + 3 steps): it loses
     assert [policy.decide([0.9] * b).reason for b in (11, 9, 16)] == ["guard"] * 3
     assert policy.decide([0.9] * 8).gamma == 4  # bucket 5-8: nothing measured, as predicted
     r = RealizedRates(min_steps=1)
-    r.record(12, False, tokens=12, seconds=0.012, engine=0.012, positions=12)  # 1 token per row, no host time
+    r.record(12, False, tokens=12, seconds=0.012, engine=0.012, reference=0.012)  # 1 token per row, no host time
     T = lambda n: 0.001 * n  # noqa: E731
     assert r.rate(9, False, T) == pytest.approx(9 / T(9)) and r.rate(12, False, T) == pytest.approx(12 / T(12))
 
@@ -107,16 +109,31 @@ def test_without_the_guard_the_prediction_alone_decides():
 
 def test_realized_rates_take_the_engine_cost_from_the_curve_and_clip_spikes():
     r = RealizedRates(decay=0.5, spike=2.0, min_steps=2)
-    r.record(4, True, 8, seconds=0.03, engine=0.02, positions=20)  # host: half the engine time
-    assert r.rate(4, True, lambda n: 0.02) is None  # fewer than min_steps steps
-    r.record(4, True, 8, seconds=0.02, engine=0.02, positions=20)  # no host time
+    r.record(4, True, 8, seconds=0.03, engine=0.02, reference=0.01)  # host: half the engine time; 2x a plain call
+    assert r.rate(4, True, lambda n: 0.01) is None  # fewer than min_steps steps
+    r.record(4, True, 8, seconds=0.02, engine=0.02, reference=0.01)  # no host time
     host = (0.5 * 0.01 + 0.0) / (0.5 * 0.02 + 0.02)
-    assert r.rate(4, True, lambda n: 0.02) == pytest.approx(8 / (0.02 * (1 + host)))
-    # the same steps under twice the load (the curve says 0.04): half the rate; arms compare at one load
-    assert r.rate(4, True, lambda n: 0.04) == pytest.approx(r.rate(4, True, lambda n: 0.02) / 2)
-    r.record(4, True, 8, seconds=10.0, engine=0.02, positions=20)  # a preempted step's host time: at most 2x
+    assert r.rate(4, True, lambda n: 0.01) == pytest.approx(8 / (0.02 * (1 + host)))
+    # the same steps under twice the load (a plain step now 0.02): half the rate; arms compare at one load
+    assert r.rate(4, True, lambda n: 0.02) == pytest.approx(r.rate(4, True, lambda n: 0.01) / 2)
+    # only T(B) is read: the curve's points at the sizes speculative steps reach (lagging ones) do not matter
+    assert r.rate(4, True, lambda n: 0.01 if n == 4 else 1.0) == pytest.approx(r.rate(4, True, lambda n: 0.01))
+    r.record(4, True, 8, seconds=10.0, engine=0.02, reference=0.01)  # a preempted step's host time: at most 2x
     assert r.arms[batch_bucket(4), True][2] == pytest.approx(0.5 * 0.5 * 0.01 + 2 * (0.5 * 0.01) / (0.5 + 1))
-    assert r.rate(4, False, lambda n: 0.02) is None and r.rate(8, True, lambda n: 0.02) is None
+    assert r.rate(4, False, lambda n: 0.01) is None and r.rate(8, True, lambda n: 0.01) is None
+
+
+def test_speculation_needs_min_gain_over_plain():
+    """A gain under MIN_GAIN (here 1.05x measured, or predicted) runs plain: it is within the noise and does not
+    pay for what the prediction leaves out (a batch whose rows advanced unevenly ends on steps of fewer rows)."""
+    policy = free_verification(probe_every=8)
+    decisions = run(policy, 60, batch=4, spec_rate=420.0, plain_rate=400.0)
+    later = decisions[20:]
+    assert sum(d.gamma > 0 for d in later) <= 3 * len(later) / (8 + 3) + 3  # only the re-measurements
+    T = lambda n: 0.004 + 0.001 * n  # noqa: E731
+    assert choose_gamma([0.58] * 4, 4, T, lambda b: 0.0, min_gain=1.0).gamma == 1  # 1.05x predicted ...
+    assert choose_gamma([0.58] * 4, 4, T, lambda b: 0.0).gamma == 0  # ... is not enough
+    assert chain_cut([1, 1, 1, 1], [0.58] * 4, T, min_gain=1.0) == 1 and chain_cut([1, 1, 1, 1], [0.58] * 4, T) == 0
 
 
 @pytest.fixture(scope="module")

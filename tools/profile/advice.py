@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...runtime.batch_policy import MIN_GAIN  # the speedup a recommendation needs: what the runtime's policy asks
 from ...runtime.gamma import expected_tokens, predicted_speedup
 
 GAMMAS = tuple(range(1, 9))  # γ values of the predicted-speedup table
 CURVE_QS = (1, 2, 4, 8, 16, 32, 64)  # verified positions Q of the T(Q)/T(1) curve
 RIDGE_ELASTICITY = 0.5  # d log T / d log Q where verifying more stops being nearly free (0 = free, 1 = proportional)
-MIN_GAIN = 1.05  # predicted speedup a recommendation needs: below it, timing noise outweighs the gain
 
 
 @dataclass

@@ -49,11 +49,13 @@ double expected_tokens(double alpha, int gamma) {
 
 int GammaPolicy::decide(double alpha, const LatencyCurve &target, double draft_seconds, bool probe) {
   int best = 0;
-  double best_rate = 1.0 / std::max(target.seconds(1), 1e-12);
+  const double plain = 1.0 / std::max(target.seconds(1), 1e-12);
+  double best_rate = plain;
   for (int g = 1; g <= gamma_max_; ++g) {
     const double rate = expected_tokens(alpha, g) / std::max(target.seconds(g + 1) + g * draft_seconds, 1e-12);
     if (rate > best_rate) best = g, best_rate = rate;
   }
+  if (best_rate < kMinGain * plain) best = 0;  // a gain within the noise: plain
   if (best > 0 || gamma_max_ == 0) {
     idle_ = 0;
     return best;

@@ -1,5 +1,5 @@
 // Adaptive γ at batch 1: the Python runtime's policy (runtime/batch_policy.py, runtime/gamma.py).
-// Per round, the γ in 0..γmax with the highest predicted tokens per second,
+// Per round, the γ in 0..γmax with the highest predicted tokens per second (if 1.1x γ = 0's, kMinGain),
 //
 //   rate(γ) = E(α, γ) / (T(γ+1) + γ·D)      E(α, γ) = (1 - α^(γ+1)) / (1 - α)      rate(0) = 1 / T(1)
 //
@@ -42,7 +42,11 @@ struct AlphaEstimate {
 
 double expected_tokens(double alpha, int gamma);  // E[tokens per verify pass]
 
-// The γ with the highest predicted rate (ties: the smaller); probes after probe_every rounds off.
+// The Python policy's MIN_GAIN: speculation runs where its predicted rate beats plain decoding's by this factor.
+constexpr double kMinGain = 1.1;
+
+// The γ with the highest predicted rate (ties: the smaller), if it beats γ = 0 by kMinGain; probes after
+// probe_every rounds off.
 class GammaPolicy {
  public:
   GammaPolicy(int gamma_max, int probe_every) : gamma_max_(gamma_max), probe_every_(probe_every) {}

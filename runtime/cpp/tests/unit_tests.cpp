@@ -177,6 +177,11 @@ void test_gamma_policy() {
   int probes = 0;
   for (int round = 0; round < 16; ++round) probes += low.decide(0.5, linear, 0.0);  // Q positions cost Q passes: off
   CHECK(probes == 2);  // but every 8th round probes at γ = 1
+  LatencyCurve narrow(2);
+  narrow.record(1, 1e-3), narrow.record(2, 1.4e-3);
+  GammaPolicy one(1, 8);
+  CHECK(one.decide(0.5, narrow, 0.0) == 0);  // 1.5 / 1.4 = 1.07x plain: under kMinGain
+  CHECK(one.decide(0.7, narrow, 0.0) == 1);  // 1.7 / 1.4 = 1.21x
 }
 
 std::string temp_dir() {
