@@ -2,7 +2,9 @@
 
 ``models.<role>.latency`` (docs/engine-format.md): seconds of one call of Q new tokens after ``past``
 cached ones, batch 1, for Q in ``QS`` (those that fit), the fastest of ``REPS`` calls after a warm-up,
-on the exporting machine with ONNX Runtime's default threads; and the ratios T(Q)/T(1). A few
+on the exporting machine with ONNX Runtime's default threads and the kernels the runtime picks there
+(``attention="auto"``: specrt's attention kernel and int4 matmul where they build, as ``specrt.load`` runs
+the graph; which ran is recorded: ``ran_on``); and the ratios T(Q)/T(1). A few
 calls per Q: a record of what the chosen quantization costs where it was exported (its kernels'
 shape: docs/bench/verify-curve.md), not a benchmark; ``specrt profile`` measures the machine it runs
 on and shows both.
@@ -10,7 +12,8 @@ on and shows both.
 Example::
 
     verify_curve(Path("engine/target.onnx"), max_len=2048)
-    # {"q": [1, 2, 4, 5, 8, 16], "seconds": [...], "ratio": [1.0, 1.04, ...], "past": 128, "reps": 3, ...}
+    # {"q": [1, 2, 4, 5, 8, 16], "seconds": [...], "ratio": [1.0, 1.04, ...], "past": 128, "reps": 3,
+    #  "ran_on": {"attention": "specrt", "matmul": "specrt"}, ...}
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ def verify_curve(path: Path, max_len: int, qs=QS, past: int = PAST, reps: int = 
 
     qs = sorted({q for q in (*qs, *extra_qs) if 1 <= q < max_len})
     past = max(0, min(past, max_len - qs[-1]))
-    call = FusedCall(OrtEngine(path, threads=threads), max_len)
+    engine = OrtEngine(path, threads=threads, attention="auto")  # what specrt.load runs
+    call = FusedCall(engine, max_len)
     seconds = []
     for q in qs:
         ids = np.zeros(q, np.int64)
@@ -49,6 +53,8 @@ def verify_curve(path: Path, max_len: int, qs=QS, past: int = PAST, reps: int = 
         seconds.append(min(times))
     return {"q": qs, "seconds": [round(s, 7) for s in seconds], "ratio": [round(s / seconds[0], 3) for s in seconds],
             "past": past, "reps": reps, "threads": threads or "default", "machine": platform.machine(),
+            "ran_on": {"attention": "specrt" if getattr(engine.session, "specrt_attention", 0) else "ort",
+                       "matmul": "specrt" if getattr(engine.session, "specrt_matmuls", 0) else "ort"},
             "cpu": cpu_name(), "onnxruntime": ort.__version__}
 
 

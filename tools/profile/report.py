@@ -51,7 +51,8 @@ def print_report(report: dict, console) -> None:
     if exported:
         kernels = ", ".join(f"{g} {k}" for g, k in (exported.get("kernels") or {}).items())
         console.print(f"   at export: {exported.get('quantize') or 'unquantized'}" + (f" ({kernels})" if kernels else "")
-                      + f", T(1) {exported['seconds'][0] * 1e3:.3f} ms on {exported.get('cpu', '?')}, ONNX Runtime "
+                      + f", T(1) {exported['seconds'][0] * 1e3:.3f} ms on {exported.get('cpu', '?')}"
+                      + "".join(f", {op} {who}'s" for op, who in (exported.get("ran_on") or {}).items()) + ", ONNX Runtime "
                       f"{exported.get('onnxruntime', '?')} (manifest models.target.latency)", highlight=False)
 
     methods = report["methods"]
