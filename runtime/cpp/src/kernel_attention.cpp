@@ -140,13 +140,14 @@ bool supported_matmul(const Node &n, const std::set<std::string> &initializers) 
          initializers.count(n.inputs[1]) && initializers.count(n.inputs[2]);
 }
 
-bool is_op(const std::string &b, const std::vector<Field> &node, const char *op_type) {
+// A node's op_type if its domain is com.microsoft (ONNX Runtime's contrib ops), else "".
+std::string contrib_op(const std::string &b, const std::vector<Field> &node) {
   std::string op, domain;
   for (const Field &f : node) {
     if (f.number == 4 && f.wire == 2) op = text(b, f);
     if (f.number == 7 && f.wire == 2) domain = text(b, f);
   }
-  return op == op_type && domain == "com.microsoft";
+  return domain == "com.microsoft" ? op : "";
 }
 
 }  // namespace
@@ -199,11 +200,12 @@ std::string kernel_attention_model(const std::string &model, bool matmul, int &n
   for (size_t k = 0; k < items.size(); ++k) {
     if (items[k].number != 1 || items[k].wire != 2) continue;
     const std::vector<Field> node = fields(model, items[k].value, items[k].end);
-    if (matmul && is_op(model, node, "MatMulNBits") && supported_matmul(read_node(model, node), initializers)) {
+    const std::string op = contrib_op(model, node);
+    if (matmul && op == "MatMulNBits" && supported_matmul(read_node(model, node), initializers)) {
       renamed[k] = true;
       ++matmuls;
     }
-    if (!is_op(model, node, "GroupQueryAttention")) continue;
+    if (op != "GroupQueryAttention") continue;
     if (!supported(read_node(model, node))) return "";  // all or none: every attention row follows one rule
     renamed[k] = true;
     ++nodes;
