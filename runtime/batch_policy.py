@@ -29,7 +29,7 @@ speculative steps realize less than ``MIN_GAIN`` times plain's, the step is plai
 ``probe_every``-th
 such step (doubling, up to 4x, while it keeps losing) the speculative rate is measured afresh,
 so speculation comes back once it pays. Plain
-steps are spent only where speculative ones do not already beat B / T(B) (a plain step's engine
+steps are spent only where speculative ones do not already beat ``MIN_GAIN`` · B / T(B) (a plain step's engine
 call alone), and then re-measured every ``probe_every`` speculative steps.
 """
 from __future__ import annotations
