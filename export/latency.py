@@ -53,8 +53,8 @@ def verify_curve(path: Path, max_len: int, qs=QS, past: int = PAST, reps: int = 
         seconds.append(min(times))
     return {"q": qs, "seconds": [round(s, 7) for s in seconds], "ratio": [round(s / seconds[0], 3) for s in seconds],
             "past": past, "reps": reps, "threads": threads or "default", "machine": platform.machine(),
-            "ran_on": {"attention": "specrt" if getattr(engine.session, "specrt_attention", 0) else "ort",
-                       "matmul": "specrt" if getattr(engine.session, "specrt_matmuls", 0) else "ort"},
+            "ran_on": {"attention": "specrt" if engine.session.specrt_attention else "ort",  # (OrtEngine.open sets both)
+                       "matmul": "specrt" if engine.session.specrt_matmuls else "ort"},
             "cpu": cpu_name(), "onnxruntime": ort.__version__}
 
 
