@@ -147,8 +147,10 @@ void tile(const Packed& p, const Rows& a, int64_t row0, int64_t g0, float* y) {
 }
 
 using TileFn = void (*)(const Packed&, const Rows&, int64_t, int64_t, float*);
-// groups a tile spans for R rows: enough independent accumulators to hide the dot products' latency
-constexpr int groups_for(int r) { return r <= 2 ? 4 : r <= 4 ? 2 : 1; }
+// groups a tile spans for R rows: enough independent accumulators to hide the dot products' latency, and each
+// broadcast activation word shared by two groups' dot products up to 6 rows (2 x 2 x 6 registers of sums; at
+// 7-8 rows they would spill). One group at 5-6 rows cost 12% more per call (SmolLM2's shapes, one thread).
+constexpr int groups_for(int r) { return r <= 2 ? 4 : r <= 6 ? 2 : 1; }
 template <int R>
 constexpr TileFn wide() { return &tile<R, groups_for(R)>; }
 constexpr TileFn kWide[kMaxRows + 1] = {nullptr, wide<1>(), wide<2>(), wide<3>(), wide<4>(),
