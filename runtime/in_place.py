@@ -49,7 +49,7 @@ import numpy as np
 from ..contract import batch_mask, chain_inputs, chain_mask, in_place_mask, past_names, present_names
 from ..engines import EngineError, OrtEngine
 from ..engines.ort import Binding
-from .runner import CacheFullError, Pass, Runner, cache_zeros
+from .runner import CacheFullError, Pass, Runner, cache_zeros, keep_freed_memory
 
 
 CHAIN_Q = 16  # chain calls of at most this many tokens (decode steps, verify passes) run through bound-once arrays
@@ -93,6 +93,7 @@ class InPlaceRunner(Runner):
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
         self.vocab_size, self.hidden_size = vocab_size, hidden_size  # hidden_size: None = no `hidden` output
         self.features = {n: w for n, w in (("hidden", hidden_size), ("aux_hidden", aux_size)) if w}  # output -> width
+        keep_freed_memory()  # a pass's logits and ORT's buffers reuse the heap, not fresh pages each call
         # + 1: the padded graph's padding row writes one entry past a call's new ones (never valid, never read)
         self.data = cache_zeros((2 * num_layers, max_batch, num_kv_heads, max_len + 1, head_dim))
         self.lengths = np.zeros(max_batch, dtype=np.int64)  # [slots] valid entries per slot
@@ -102,6 +103,8 @@ class InPlaceRunner(Runner):
         self.prefill_bindings: dict[int, Binding] = {}  # slot -> the prefill graph with that slot's cache bound
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
         self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
+        self.output_memory: dict[str, np.ndarray] = {}  # output name -> the memory every binding's calls write it
+        # into (one call at a time, copied out after each), grown to the largest call: mapped in once, not per shape
         self.on_call = on_call
         self.engine_seconds = 0.0
         self.calls = 0
@@ -127,7 +130,7 @@ class InPlaceRunner(Runner):
     def _cache_binding(self, first: int, rows: int, engine=None) -> Binding:
         """A new binding of ``engine`` (default: the fused graph) with slots [first, first + rows) of the
         cache as every past input and present output."""
-        b = Binding(engine or self.engine)
+        b = Binding(engine or self.engine, self.output_memory)
         for j, (past, present) in enumerate(self.names):
             b.cache(past, present, self.data[j, first : first + rows])
         return b
@@ -143,8 +146,8 @@ class InPlaceRunner(Runner):
             return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
         positions = self.positions(lengths, q, depths)
-        logits = np.zeros((r, q, self.vocab_size), dtype=np.float32)
-        feats = {n: np.zeros((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
+        logits = np.empty((r, q, self.vocab_size), dtype=np.float32)  # every row's Q positions written by its call
+        feats = {n: np.empty((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
         groups = self._groups(slots, lengths, q)
 
         def run_groups():
@@ -218,9 +221,10 @@ class InPlaceRunner(Runner):
         out_logits = b.output("logits", (len(rows), n, self.vocab_size))
         out_feats = {name: b.output(name, (len(rows), n, f.shape[-1])) for name, f in feats.items()}
         b.run()
-        logits[rows, :n] = out_logits  # copied out: the next call of this shape rewrites the bound buffers
-        for name, f in feats.items():
-            f[rows, :n] = out_feats[name]
+        at = slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] == len(rows) - 1 else rows  # a block copy where it can
+        for whole, part in ((logits, out_logits), *((f, out_feats[name]) for name, f in feats.items())):
+            whole[at, :n] = part  # copied out: the next call of this shape rewrites the bound buffers
+            whole[at, n:] = 0  # (a row alone at the cache's end: its cut padding)
 
     def commit(self, p: Pass, keep=None) -> None:
         """Make row r's new positions ``keep[r]`` (ascending indices into Q; None: all Q) valid."""

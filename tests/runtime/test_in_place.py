@@ -3,6 +3,8 @@ cache, appended by numpy): the same logits through batches, rollbacks, tree comp
 batches of several tokens per row in one call of the batched twin."""
 import dataclasses
 import json
+import platform
+import resource
 
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from specrt.engines.ort import Binding
 from specrt.export.onnx_export import example_tree_mask
 from specrt.runtime.in_place import InPlaceRunner, consecutive_runs
-from specrt.runtime.runner import CacheFullError, HostRunner
+from specrt.runtime.runner import CacheFullError, HostRunner, keep_freed_memory
 from specrt.runtime.api import Runtime
 
 TOL = 1e-4
@@ -200,6 +202,26 @@ def test_a_row_whose_padding_runs_past_the_cache_runs_alone(runners, monkeypatch
     assert runs == [pair[0].batched.session, pair[0].single.session]  # slots 0 and 1 together, slot 2 alone (padded)
     for row, n in enumerate([4, 4, 2]):
         np.testing.assert_allclose(p.logits[row, :n], ref.logits[row, :n], atol=TOL, rtol=0)
+    assert not p.logits[2, 2:].any()  # the cut padding's logits are zeros, not what the memory held
+
+
+def test_calls_of_every_shape_write_one_memory_and_each_pass_keeps_its_logits(runners):
+    """The bindings' outputs are views into the runner's ``output_memory`` (one flat array per output, grown to the
+    largest call), not an array per binding and shape: its pages are mapped once. A pass copies its logits out, so
+    a later call of another shape leaves it as it was."""
+    pair = runners(stale=1e4)  # (the twin reads shorter rows' stale entries, masked: finite garbage, not NaN)
+    for slot, p in enumerate([[3, 5, 7, 9], list(range(1, 13)), [2, 4, 6]]):
+        for r in pair:
+            r.prefill(slot, p)
+    first = both(pair, [0, 1, 2], [[4, 5], [6, 7], [8, 9]])[0]  # 3 rows x 2: the twin
+    kept = first.logits.copy()
+    both(pair, [0, 1, 2], [[4, 5, 6, 7]] * 3)  # 3 x 4: the memory grows
+    both(pair, [0, 1], [[1], [2]])  # 2 x 1: the fused graph
+    np.testing.assert_array_equal(first.logits, kept)
+    a = pair[0]
+    memory = a.output_memory["logits"]
+    assert memory.size == 3 * 4 * a.vocab_size
+    assert all(np.shares_memory(b.outputs["logits"], memory) for b in a.bindings.values())
 
 
 def test_the_export_writes_the_twin_beside_the_fused_graph_on_one_weights_file(runners):
@@ -225,3 +247,14 @@ def test_a_missing_or_unloadable_twin(runners, tmp_path):
     (engine / "target_batched.onnx").unlink()
     with pytest.raises(EngineError, match="target graph file 'target_batched.onnx' is missing"):
         Runtime.load(engine)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="keeping freed memory is glibc's mallopt: not this C library")
+def test_freed_memory_is_kept_for_the_next_call():
+    """After ``keep_freed_memory`` (a runner's load calls it) a freed 16 MB block is still mapped when the next one
+    is allocated: that one costs no page faults (glibc's defaults unmapped it, 4,096 faults to map it again)."""
+    assert keep_freed_memory()
+    np.ones(4 << 20, np.float32)  # 16 MB, freed at once
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    np.ones(4 << 20, np.float32)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 100
