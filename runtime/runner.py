@@ -90,7 +90,7 @@ class Runner:
 
     prefill_chunk = 128  # tokens per prefill call (the graph's exported prefill shape)
     prefill_graph = None  # a graph of its own that prompts run through (export/prefill_graph.py); None: ``forward``'s
-    _swap_buffer = None  # ``swap``'s scratch: one slot's entries (allocated on the first swap)
+    _swap_buffer = None  # ``swap``'s scratch: one plane (a layer's K or V) of a slot's entries (allocated on the first swap)
 
     def prefill(self, slot: int, ids, feature: str = "hidden") -> tuple[np.ndarray, np.ndarray | None]:
         """Feed a prompt into ``slot`` in chunks of the exported prefill shape.
@@ -173,18 +173,18 @@ class Runner:
         if a != b and (n_a or n_b):
             a_from, b_from = self.entries(a, n_a), self.entries(b, n_b)  # [planes, ...] each
             a_to, b_to = self.entries(b, n_a), self.entries(a, n_b)
+            kept = self._swap_space(b_from[0])  # every plane has one shape
             for plane in range(len(a_from)):
-                kept = self._swap_space(b_from[plane])
                 np.copyto(kept, b_from[plane])
                 a_to[plane] = a_from[plane]
                 b_to[plane] = kept
         self.lengths[[a, b]] = self.lengths[[b, a]]
 
     def _swap_space(self, like: np.ndarray) -> np.ndarray:
-        """A buffer shaped like ``like`` (a slot's entries), one slot's worth allocated once: a fresh array per
-        swap cost its first-touch page faults (SmolLM2, 500 entries: 22-50 ms a swap instead of 9-10 ms)."""
+        """A buffer shaped like ``like`` (a plane of a slot's entries), a whole slot's plane allocated once: a fresh
+        array per swap cost its first-touch page faults (SmolLM2, 500 entries: 22-50 ms a swap instead of 9-10 ms)."""
         if self._swap_buffer is None or self._swap_buffer.size < like.size or self._swap_buffer.dtype != like.dtype:
-            self._swap_buffer = np.empty(self.entries(0, self.max_len).size, like.dtype)
+            self._swap_buffer = np.empty(self.entries(0, self.max_len)[0].size, like.dtype)
         return self._swap_buffer[: like.size].reshape(like.shape)
 
     def copy_entries(self, src: int, dst: int, n: int) -> None:
