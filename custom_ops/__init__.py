@@ -11,6 +11,7 @@
                                that kernel computes; returns how many
     matmul_code()              whether this CPU runs the int4 matmul (AVX-512 VNNI)
     use_specrt_matmul(m)       the same for the MatMulNBits nodes the int4 matmul computes
+    fuse_swiglu(m)             folds each SwiGLU activation (Split, Sigmoid, two Muls) into the int4 matmul before it
 
 Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
 ``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
@@ -38,7 +39,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("attention.cpp")
 KERNEL_SOURCES = [SOURCE, Path(__file__).with_name("matmul_nbits.cpp")]
-KERNEL_HEADERS = [Path(__file__).with_name("kernels.h")]
+KERNEL_HEADERS = [Path(__file__).with_name("kernels.h"), Path(__file__).with_name("exp16.h")]
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
@@ -202,3 +203,64 @@ def use_specrt_matmul(model) -> int:
     if nodes and not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(nodes)
+
+
+def fuse_swiglu(model) -> int:
+    """Fold each SwiGLU activation after an int4 matmul the kernel computes (already renamed by
+    ``use_specrt_matmul``) into that matmul (in place): MatMulNBits -> Split in two halves -> Sigmoid(gate) ->
+    Mul(gate, sigmoid) -> Mul(silu, up) becomes one ai.specrt::MatMulNBits with ``swiglu=1`` whose output is the
+    last Mul's. Returns how many. Example: SmolLM2-135M's int4 fused graph -> 30 (four ONNX Runtime ops a layer
+    fewer). Only where nothing else reads the intermediate tensors."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    constants = {t.name: t for t in graph.initializer if t.data_location != TensorProto.EXTERNAL}  # small ones: inline
+
+    def only(name, op_type):  # the single node reading ``name``, if it is an ``op_type`` and no graph output
+        readers = consumers.get(name, [])
+        if len(readers) != 1 or readers[0].op_type != op_type or readers[0].domain not in ("", "ai.onnx") \
+                or name in graph_outputs:
+            return None
+        return readers[0]
+
+    fused, removed = 0, []
+    for mm in [n for n in graph.node if n.op_type == "MatMulNBits" and n.domain == DOMAIN]:
+        attrs = {a.name: helper.get_attribute_value(a) for a in mm.attribute}
+        n_out = attrs.get("N", 0)
+        split = only(mm.output[0], "Split")
+        if split is None or n_out % 32 or len(split.output) != 2:
+            continue
+        split_attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
+        if split_attrs.get("axis", 0) != -1 or "split" in split_attrs:
+            continue
+        if len(split.input) > 1 and split.input[1]:  # the sizes: an initializer [N/2, N/2]
+            sizes = constants.get(split.input[1])
+            if sizes is None or sizes.data_type != TensorProto.INT64 or \
+                    list(numpy_helper.to_array(sizes)) != [n_out // 2] * 2:
+                continue
+        gate, up = split.output
+        readers = consumers.get(gate, [])
+        sigmoid = next((r for r in readers if r.op_type == "Sigmoid" and r.domain in ("", "ai.onnx")), None)
+        silu = next((r for r in readers if r.op_type == "Mul" and r.domain in ("", "ai.onnx")), None)
+        if len(readers) != 2 or sigmoid is None or silu is None or gate in graph_outputs \
+                or sorted(silu.input) != sorted([gate, sigmoid.output[0]]) or only(sigmoid.output[0], "Mul") is not silu:
+            continue
+        act = only(silu.output[0], "Mul")
+        if act is None or sorted(act.input) != sorted([silu.output[0], up]) or only(up, "Mul") is not act:
+            continue
+        mm.output[0] = act.output[0]
+        mm.attribute.append(helper.make_attribute("swiglu", 1))
+        removed += [split, sigmoid, silu, act]
+        fused += 1
+    for node in removed:
+        graph.node.remove(node)
+    gone = {id(node) for node in removed}  # split sizes only the removed nodes read (one tensor for every layer's)
+    for tensor in [t for t in constants.values() if t.name in consumers
+                   and all(id(node) in gone for node in consumers[t.name])]:
+        graph.initializer.remove(tensor)
+    return fused

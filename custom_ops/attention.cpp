@@ -198,17 +198,7 @@ inline void rotate(float* x, const float* cos, const float* sin, int d) {
 }
 
 #if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {  // exp_neg, 16 lanes
-  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(e));
-}
+#include "exp16.h"  // exp_neg, 16 lanes
 
 // x[0, len) := softmax(x * scale + bias) in place, x[len, padded) := 0 (padded: a multiple of 16).
 // Element-wise steps and 16-lane sums in one fixed order: a row's result depends on its len only.

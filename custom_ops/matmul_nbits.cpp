@@ -10,6 +10,11 @@
 // K-values), and each row costs one VNNI dot product per 64 weights plus 3 instructions per block: an
 // extra row costs a fraction of the unpacking the first one pays.
 //
+// With the attribute swiglu = 1 (custom_ops/__init__.py fuse_swiglu folds a SwiGLU MLP's activation in) the node
+// outputs silu(Y[:, :N/2]) * Y[:, N/2:], [M, N/2]: gate and up columns are packed in pairs of groups, each task
+// computes both halves of its output columns and applies the activation while they are in cache (ONNX Runtime's
+// Split, Sigmoid and two Muls, four ops a layer, and a [M, N] tensor written and read back, gone).
+//
 // Exactness: every row is computed by the same instructions in the same order whatever the call's other
 // rows (its own quantization, its own accumulators), so a one-token decode step equals the same token's row
 // of a verify pass bit for bit.
@@ -39,6 +44,7 @@ namespace {
 // push_options and pop_options, never ONNX Runtime's inline API code.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#include "exp16.h"
 
 constexpr int64_t kCols = 16;                 // columns per group: one 512-bit register of int32 / fp32
 constexpr int64_t kBlock = 32;                // K-values per quantization block
@@ -56,7 +62,7 @@ struct Packed {
 
 // b: [N, blocks, 16] bytes, element 2t of a block in byte t's low nibble, 2t + 1 in its high nibble
 // (MatMulNBits' layout); scales: [N * blocks]
-void pack(const uint8_t* b, const float* scales, int64_t n, int64_t k, Packed& p) {
+void pack(const uint8_t* b, const float* scales, int64_t n, int64_t k, bool swiglu, Packed& p) {
   p.n = n, p.k = k, p.groups = n / kCols, p.blocks = k / kBlock;
   const size_t bytes = static_cast<size_t>(p.groups * p.blocks * kTileBytes);
   p.data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
@@ -64,17 +70,20 @@ void pack(const uint8_t* b, const float* scales, int64_t n, int64_t k, Packed& p
   auto nibble = [&](int64_t col, int64_t blk, int64_t kk) {
     return (b[(col * p.blocks + blk) * (kBlock / 2) + kk / 2] >> (4 * (kk & 1))) & 15;
   };
-  for (int64_t g = 0; g < p.groups; ++g)
+  for (int64_t g = 0; g < p.groups; ++g) {
+    // SwiGLU: gate group i (columns 16i..) packed as group 2i, up group i (columns n/2 + 16i..) as 2i + 1
+    const int64_t col0 = (swiglu ? (g % 2) * (n / 2) + (g / 2) * kCols : g * kCols);
     for (int64_t blk = 0; blk < p.blocks; ++blk) {
       uint8_t* tile = p.data.get() + (g * p.blocks + blk) * kTileBytes;
       for (int64_t i = 0; i < 4; ++i)
         for (int64_t c = 0; c < kCols; ++c)
           for (int64_t j = 0; j < 4; ++j)
-            tile[i * 64 + c * 4 + j] = static_cast<uint8_t>(nibble(g * kCols + c, blk, 8 * i + j) |
-                                                            nibble(g * kCols + c, blk, 8 * i + 4 + j) << 4);
+            tile[i * 64 + c * 4 + j] = static_cast<uint8_t>(nibble(col0 + c, blk, 8 * i + j) |
+                                                            nibble(col0 + c, blk, 8 * i + 4 + j) << 4);
       float* s = reinterpret_cast<float*>(tile + 256);
-      for (int64_t c = 0; c < kCols; ++c) s[c] = scales[(g * kCols + c) * p.blocks + blk];
+      for (int64_t c = 0; c < kCols; ++c) s[c] = scales[(col0 + c) * p.blocks + blk];
     }
+  }
 }
 
 // A call's activations quantized per row and block: q [M, K] int8, scale [M, blocks], bias [M, blocks] =
@@ -172,8 +181,19 @@ struct Job {
   const Rows* a;
   int64_t m;
   int64_t span;  // groups per task
-  float* y;
+  float* y;      // [m, n]: the matmul's output (SwiGLU: its packed column order, a scratch)
+  float* act;    // SwiGLU: [m, n / 2] silu(gate) * up; nullptr: none
 };
+
+
+// silu(gate) * up = gate * sigmoid(gate) * up, sigmoid from e = e^-|gate|: 1 / (1 + e) where gate >= 0, else e / (1 + e)
+inline __m512 swiglu16(__m512 gate, __m512 up) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gate)));
+  const __mmask16 negative = _mm512_cmp_ps_mask(gate, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 top = _mm512_mask_blend_ps(negative, _mm512_set1_ps(1.0f), e);
+  const __m512 sigmoid = _mm512_div_ps(top, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  return _mm512_mul_ps(_mm512_mul_ps(gate, sigmoid), up);
+}
 
 // task i: groups [i * span, (i + 1) * span) for every row, in row tiles of up to 8
 void run_task(void* data, size_t i) {
@@ -186,6 +206,13 @@ void run_task(void* data, size_t i) {
     for (; g + wide_groups <= g_end; g += wide_groups) kWide[rows](*job->p, *job->a, row0, g, job->y);
     for (; g < g_end; ++g) kNarrow[rows](*job->p, *job->a, row0, g, job->y);
   }
+  if (!job->act) return;
+  const int64_t n = job->p->n;
+  for (int64_t r = 0; r < job->m; ++r)  // packed group pairs (2i, 2i + 1) of this task: output columns 16i..16i+15
+    for (int64_t g = static_cast<int64_t>(i) * job->span; g < g_end; g += 2) {
+      const float* y = job->y + r * n + g * kCols;
+      _mm512_storeu_ps(job->act + r * (n / 2) + g / 2 * kCols, swiglu16(_mm512_loadu_ps(y), _mm512_loadu_ps(y + kCols)));
+    }
 }
 
 #pragma GCC pop_options
@@ -196,8 +223,19 @@ bool cpu_has_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
+// The optional attribute swiglu = 1: the node computes silu(Y[:, :N/2]) * Y[:, N/2:] ([M, N/2]), a SwiGLU MLP's
+// gate and up projections with the activation (custom_ops/__init__.py fuse_swiglu).
+bool swiglu_attribute(const Ort::ConstKernelInfo& k) {
+  try {
+    return k.GetAttribute<int64_t>("swiglu") != 0;
+  } catch (const Ort::Exception&) {
+    return false;
+  }
+}
+
 struct MatMulKernel {
   Packed packed;
+  bool swiglu = false;
 
   MatMulKernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo k(info);
@@ -215,7 +253,10 @@ struct MatMulKernel {
     if (b.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * kk / 2) ||
         s.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * kk / kBlock))
       ORT_CXX_API_THROW("specrt MatMulNBits: weights or scales do not match N and K", ORT_INVALID_ARGUMENT);
-    pack(b.GetTensorData<uint8_t>(), s.GetTensorData<float>(), n, kk, packed);
+    swiglu = swiglu_attribute(k);
+    if (swiglu && n % (2 * kCols))
+      ORT_CXX_API_THROW("specrt MatMulNBits: swiglu needs N % 32 == 0", ORT_INVALID_ARGUMENT);
+    pack(b.GetTensorData<uint8_t>(), s.GetTensorData<float>(), n, kk, swiglu, packed);
   }
 
   void Compute(OrtKernelContext* context) {
@@ -226,13 +267,16 @@ struct MatMulKernel {
       ORT_CXX_API_THROW("specrt MatMulNBits: A's last dimension is not K", ORT_INVALID_ARGUMENT);
     int64_t m = 1;
     for (size_t d = 0; d + 1 < shape.size(); ++d) m *= shape[d];
-    shape.back() = packed.n;
+    shape.back() = swiglu ? packed.n / 2 : packed.n;
     auto y = ctx.GetOutput(0, shape);
     if (m == 0) return;
     thread_local Rows rows;
+    thread_local std::vector<float> scratch;  // SwiGLU: gate and up, before the activation
     quantize(a.GetTensorData<float>(), m, packed.k, rows);
+    if (swiglu) scratch.resize(m * packed.n);
+    float* out = y.GetTensorMutableData<float>();
     // tasks of 4 groups (64 columns): enough of them to share among threads, each a whole wide tile
-    Job job{&packed, &rows, m, 4, y.GetTensorMutableData<float>()};
+    Job job{&packed, &rows, m, 4, swiglu ? scratch.data() : out, swiglu ? out : nullptr};
     ctx.ParallelFor(run_task, static_cast<size_t>((packed.groups + job.span - 1) / job.span), 0, &job);
   }
 };
@@ -253,7 +297,12 @@ struct MatMulOp : Ort::CustomOpBase<MatMulOp, MatMulKernel> {
     try {
       Ort::ShapeInferContext::Shape out = ctx.GetInputShape(0);
       if (out.empty()) ORT_CXX_API_THROW("specrt MatMulNBits: A must have a dimension", ORT_INVALID_ARGUMENT);
-      out.back() = Ort::ShapeInferContext::SymbolicInteger(ctx.GetAttrInt("N"));
+      int64_t n = ctx.GetAttrInt("N");
+      try {
+        if (ctx.GetAttrInt("swiglu")) n /= 2;
+      } catch (const Ort::Exception&) {
+      }
+      out.back() = Ort::ShapeInferContext::SymbolicInteger(n);
       Ort::Status status = ctx.SetOutputShape(0, out);
       if (!status.IsOK()) return status.release();
     } catch (const Ort::Exception& e) {

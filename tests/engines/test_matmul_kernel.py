@@ -1,6 +1,7 @@
 """specrt's int4 matmul (custom_ops/matmul_nbits.cpp, ai.specrt::MatMulNBits) against ONNX Runtime's MatMulNBits
 at accuracy level 4 on the same weights and inputs, the property the runtime relies on (a row's output does not
-depend on the call's other rows, bit for bit), and which nodes it takes over."""
+depend on the call's other rows, bit for bit), and which nodes it takes over; the same for the SwiGLU activation it
+folds in (``fuse_swiglu``) against ONNX Runtime's Split, Sigmoid and Muls."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import KernelError, attention_library, matmul_code, use_specrt_matmul
+from specrt.custom_ops import KernelError, attention_library, fuse_swiglu, matmul_code, use_specrt_matmul
 from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
 
@@ -100,3 +101,50 @@ def test_who_computes_the_int4_matmuls(monkeypatch):
         resolve_matmul("fast", True)
     with pytest.raises(EngineError, match="needs the CPU execution provider on a CPU with AVX-512 VNNI"):
         resolve_matmul("specrt", False)
+
+
+def swiglu_model(k: int, n: int, sizes=None, gate_out: bool = False):
+    """``matmul_model``'s node, then a SwiGLU MLP's activation as specrt's export writes it: Split(Y, sizes) ->
+    (gate, up); act = gate * Sigmoid(gate) * up, [batch, rows, n / 2]. ``gate_out``: gate is a graph output too."""
+    model = matmul_model(k, n)
+    g = model.graph
+    g.initializer.append(numpy_helper.from_array(np.array(sizes or [n // 2, n // 2], np.int64), "halves"))
+    g.node.extend([helper.make_node("Split", ["Y", "halves"], ["gate", "up"], axis=-1),
+                   helper.make_node("Sigmoid", ["gate"], ["sig"]),
+                   helper.make_node("Mul", ["gate", "sig"], ["silu"]),
+                   helper.make_node("Mul", ["silu", "up"], ["act"])])
+    del g.output[:]
+    g.output.extend([helper.make_tensor_value_info(name, TP.FLOAT, None) for name in ["act"] + ["gate"] * gate_out])
+    return model
+
+
+def fused(model):
+    use_specrt_matmul(model)
+    return model, fuse_swiglu(model)
+
+
+@pytest.mark.parametrize("k,n", [(64, 32), (576, 192)])
+def test_the_folded_swiglu_computes_what_onnx_runtime_computes(library, k, n):
+    model, count = fused(swiglu_model(k, n))
+    assert count == 1 and [node.op_type for node in model.graph.node] == ["MatMulNBits"]
+    assert [t.name for t in model.graph.initializer] == ["S", "B"]  # the split sizes: read by nothing now
+    ours, ort_ = session(model, library), session(swiglu_model(k, n))
+    rng = np.random.default_rng(3)
+    for batch, rows in [(1, 1), (1, 5), (2, 8), (3, 21)]:
+        a = rng.standard_normal((batch, rows, k)).astype(np.float32) * 4  # gates far from 0 both ways
+        y, want = ours.run(None, {"A": a})[0], ort_.run(None, {"A": a})[0]
+        assert y.shape == (batch, rows, n // 2)
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    whole = ours.run(None, {"A": a[:1]})[0]  # a row's bits do not depend on the call's other rows
+    for lo, hi in [(0, 1), (7, 8), (2, 9), (13, 21)]:
+        assert np.array_equal(ours.run(None, {"A": a[:1, lo:hi]})[0], whole[:, lo:hi]), (lo, hi)
+
+
+def test_only_a_swiglu_nothing_else_reads_is_folded():
+    assert fused(swiglu_model(64, 32))[1] == 1
+    assert fused(swiglu_model(64, 32, gate_out=True))[1] == 0  # its gate is a graph output
+    assert fused(swiglu_model(64, 32, sizes=[8, 24]))[1] == 0  # not two halves
+    assert fused(swiglu_model(64, 48))[1] == 0  # halves of 24 columns: not whole groups of 16
+    model = swiglu_model(64, 32)
+    model.graph.node[0].domain = "com.microsoft"
+    assert fuse_swiglu(model) == 0  # the matmul stays ONNX Runtime's (use_specrt_matmul did not take it)

@@ -1,5 +1,6 @@
 #include "kernel_attention.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -84,11 +85,12 @@ void put_bytes(std::string &out, uint32_t number, const std::string &payload) { 
   out += payload;
 }
 
-// A NodeProto's inputs (field 1, "" for an absent optional one), output count (2) and attributes (5:
-// AttributeProto name 1, f 2, i 3).
+// A NodeProto's inputs (field 1, "" for an absent optional one), outputs (2), op_type (4), domain (7) and
+// attributes (5: AttributeProto name 1, f 2, i 3).
 struct Node {
-  std::vector<std::string> inputs;
+  std::vector<std::string> inputs, output_names;
   int outputs = 0;
+  std::string op, domain;
   std::map<std::string, std::pair<int64_t, float>> attrs;  // name -> (i, f)
 };
 
@@ -96,7 +98,9 @@ Node read_node(const std::string &b, const std::vector<Field> &node) {
   Node n;
   for (const Field &f : node) {
     if (f.number == 1 && f.wire == 2) n.inputs.push_back(text(b, f));
-    if (f.number == 2 && f.wire == 2) ++n.outputs;
+    if (f.number == 2 && f.wire == 2) ++n.outputs, n.output_names.push_back(text(b, f));
+    if (f.number == 4 && f.wire == 2) n.op = text(b, f);
+    if (f.number == 7 && f.wire == 2) n.domain = text(b, f);
     if (f.number != 5 || f.wire != 2) continue;
     std::string name;
     int64_t i = 0;
@@ -150,6 +154,98 @@ std::string contrib_op(const std::string &b, const std::vector<Field> &node) {
   return domain == "com.microsoft" ? op : "";
 }
 
+// The values of an INT64 TensorProto (data_type 2 == 7; int64_data 7, packed or not, or raw_data 9); empty for
+// any other.
+std::vector<int64_t> int64_values(const std::string &b, const Field &tensor) {
+  std::vector<int64_t> out;
+  bool is_int64 = false;
+  for (const Field &f : fields(b, tensor.value, tensor.end)) {
+    if (f.number == 2 && f.wire == 0) is_int64 = f.varint == 7;
+    if (f.number == 7 && f.wire == 0) out.push_back(static_cast<int64_t>(f.varint));
+    if (f.number == 7 && f.wire == 2)
+      for (size_t at = f.value; at < f.end;) out.push_back(static_cast<int64_t>(read_varint(b, at, f.end)));
+    if (f.number == 9 && f.wire == 2)
+      for (size_t at = f.value; at + 8 <= f.end; at += 8) {
+        int64_t v;
+        std::memcpy(&v, b.data() + at, 8);
+        out.push_back(v);
+      }
+  }
+  return is_int64 ? out : std::vector<int64_t>{};
+}
+
+// The SwiGLU activations folded into the int4 matmuls before them (custom_ops/__init__.py `fuse_swiglu`, the same
+// rule): MatMulNBits -> Split in two halves -> Sigmoid(gate) -> Mul(gate, sigmoid) -> Mul(silu, up), nothing else
+// reading the tensors between. `output`: fused matmul (its index in the graph's fields) -> the last Mul's output
+// it takes over; `dropped`: the fields the fusion removes (the four nodes; split sizes nothing else reads).
+struct Fusions {
+  std::map<size_t, std::string> output;
+  std::set<size_t> dropped;
+};
+
+Fusions swiglu_fusions(const std::string &b, const std::vector<Field> &items, const std::vector<Node> &nodes,
+                       const std::vector<bool> &matmuls) {
+  std::map<std::string, std::vector<size_t>> readers;  // tensor -> the nodes reading it
+  std::map<std::string, size_t> initializers;          // GraphProto initializer 5 (name 8)
+  std::set<std::string> outputs;                       // GraphProto output 12 (ValueInfoProto name 1)
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (items[k].number == 1 && items[k].wire == 2)
+      for (const std::string &in : nodes[k].inputs) readers[in].push_back(k);
+    if ((items[k].number == 5 || items[k].number == 12) && items[k].wire == 2)
+      for (const Field &f : fields(b, items[k].value, items[k].end))
+        if (f.number == (items[k].number == 5 ? 8u : 1u) && f.wire == 2)
+          items[k].number == 5 ? void(initializers[text(b, f)] = k) : void(outputs.insert(text(b, f)));
+  }
+  auto only = [&](const std::string &tensor, const char *op) -> const Node * {  // its one reader, an `op`
+    auto it = readers.find(tensor);
+    if (it == readers.end() || it->second.size() != 1 || outputs.count(tensor)) return nullptr;
+    const Node &n = nodes[it->second[0]];
+    return n.op == op && (n.domain.empty() || n.domain == "ai.onnx") ? &n : nullptr;
+  };
+  auto index = [&](const Node *n) { return static_cast<size_t>(n - nodes.data()); };
+  auto same = [](std::vector<std::string> a, std::vector<std::string> b) {
+    std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
+    return a == b;
+  };
+  Fusions out;
+  std::map<std::string, size_t> folded_reads;  // split sizes -> the folded splits reading them
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (!matmuls[k] || nodes[k].output_names.size() != 1) continue;
+    const int64_t n = nodes[k].attrs.at("N").first;
+    const Node *split = only(nodes[k].output_names[0], "Split");
+    if (!split || n % 32 || split->output_names.size() != 2 || split->attrs.count("split") ||
+        split->attrs.count("axis") != 1 || split->attrs.at("axis").first != -1)
+      continue;
+    const bool sized = split->inputs.size() > 1 && !split->inputs[1].empty();
+    if (sized) {
+      auto sizes = initializers.find(split->inputs[1]);
+      if (sizes == initializers.end() || int64_values(b, items[sizes->second]) != std::vector<int64_t>{n / 2, n / 2})
+        continue;
+    }
+    const std::string &gate = split->output_names[0], &up = split->output_names[1];
+    const std::vector<size_t> &gate_readers = readers[gate];
+    if (gate_readers.size() != 2 || outputs.count(gate)) continue;
+    const Node *sigmoid = nullptr, *silu = nullptr;
+    for (size_t r : gate_readers) {
+      if (!nodes[r].domain.empty() && nodes[r].domain != "ai.onnx") continue;
+      if (nodes[r].op == "Sigmoid" && nodes[r].output_names.size() == 1) sigmoid = &nodes[r];
+      if (nodes[r].op == "Mul" && nodes[r].output_names.size() == 1) silu = &nodes[r];
+    }
+    if (!sigmoid || !silu || only(sigmoid->output_names[0], "Mul") != silu ||
+        !same(silu->inputs, {gate, sigmoid->output_names[0]}))
+      continue;
+    const Node *act = only(silu->output_names[0], "Mul");
+    if (!act || act->output_names.size() != 1 || only(up, "Mul") != act || !same(act->inputs, {silu->output_names[0], up}))
+      continue;
+    out.output[k] = act->output_names[0];
+    out.dropped.insert({index(split), index(sigmoid), index(silu), index(act)});
+    if (sized) ++folded_reads[split->inputs[1]];
+  }
+  for (const auto &[name, count] : folded_reads)  // split sizes only the dropped nodes read (one for every layer's)
+    if (readers[name].size() == count) out.dropped.insert(initializers[name]);
+  return out;
+}
+
 }  // namespace
 
 std::string resolve_attention(const std::string &asked) {
@@ -196,30 +292,43 @@ std::string kernel_attention_model(const std::string &model, bool matmul, int &n
     if (f.number == 5 && f.wire == 2)
       for (const Field &t : fields(model, f.value, f.end))
         if (t.number == 8 && t.wire == 2) initializers.insert(text(model, t));
-  std::vector<bool> renamed(items.size(), false);
+  std::vector<bool> renamed(items.size(), false), renamed_matmul(items.size(), false);
+  std::vector<Node> graph_nodes(items.size());  // the nodes' fields read (empty for the graph's other fields)
   for (size_t k = 0; k < items.size(); ++k) {
     if (items[k].number != 1 || items[k].wire != 2) continue;
     const std::vector<Field> node = fields(model, items[k].value, items[k].end);
+    graph_nodes[k] = read_node(model, node);
     const std::string op = contrib_op(model, node);
-    if (matmul && op == "MatMulNBits" && supported_matmul(read_node(model, node), initializers)) {
-      renamed[k] = true;
+    if (matmul && op == "MatMulNBits" && supported_matmul(graph_nodes[k], initializers)) {
+      renamed[k] = renamed_matmul[k] = true;
       ++matmuls;
     }
     if (op != "GroupQueryAttention") continue;
-    if (!supported(read_node(model, node))) return "";  // all or none: every attention row follows one rule
+    if (!supported(graph_nodes[k])) return "";  // all or none: every attention row follows one rule
     renamed[k] = true;
     ++nodes;
   }
   if (!nodes) return "";
+  const Fusions fused = swiglu_fusions(model, items, graph_nodes, renamed_matmul);
   std::string new_graph;
   for (size_t k = 0; k < items.size(); ++k) {
+    if (fused.dropped.count(k)) continue;
     if (!renamed[k]) {
       new_graph.append(model, items[k].begin, items[k].end - items[k].begin);
       continue;
     }
+    auto swiglu = fused.output.find(k);
     std::string node;  // NodeProto: every field as it was but the domain (7), then the kernel's
     for (const Field &f : fields(model, items[k].value, items[k].end))
-      if (f.number != 7) node.append(model, f.begin, f.end - f.begin);
+      if (f.number != 7 && !(f.number == 2 && swiglu != fused.output.end())) node.append(model, f.begin, f.end - f.begin);
+    if (swiglu != fused.output.end()) {  // the activation's output (2), and the attribute swiglu = 1 (5: name 1,
+      put_bytes(node, 2, swiglu->second);  // i 3, type 20 = INT)
+      std::string attribute;
+      put_bytes(attribute, 1, "swiglu");
+      put_varint(attribute, 3u << 3), put_varint(attribute, 1);
+      put_varint(attribute, 20u << 3), put_varint(attribute, 2);
+      put_bytes(node, 5, attribute);
+    }
     put_bytes(node, 7, kDomain);
     put_bytes(new_graph, 1, node);
   }

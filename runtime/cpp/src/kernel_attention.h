@@ -29,7 +29,8 @@ bool resolve_matmul();
 // `model` (a serialized ModelProto) with its com.microsoft::GroupQueryAttention nodes moved to the kernel's
 // domain (and that domain's opset imported), when the kernel computes every one of them; `nodes` = how many
 // (0: none renamed, and the returned string is empty). With `matmul`, the MatMulNBits nodes the int4 matmul
-// computes move too; `matmuls` = how many. EngineError for bytes that are not a ModelProto.
+// computes move too, each SwiGLU activation after one folded into it (custom_ops/__init__.py fuse_swiglu's rule);
+// `matmuls` = how many. EngineError for bytes that are not a ModelProto.
 std::string kernel_attention_model(const std::string &model, bool matmul, int &nodes, int &matmuls);
 
 // Register the kernel's custom op domain in `options` (once per options object).

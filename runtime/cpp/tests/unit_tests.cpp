@@ -1,6 +1,8 @@
 // C++ unit tests of libspecrt's pieces (ctest "unit"): the sampling filter, verification's
 // distribution, the n-gram matcher, the proposer factory, manifest errors through the C ABI, and, when
-// SPECRT_TEST_ENGINE names an engine dir, greedy speculative == plain greedy on it.
+// SPECRT_TEST_ENGINE names an engine dir, greedy speculative == plain greedy on it; with
+// SPECRT_TEST_KERNEL_MODEL=IN.onnx SPECRT_TEST_KERNEL_OUT=OUT.onnx, the graph the kernels run (compared with the
+// Python runtime's in tests/runtime/cpp/test_cpp_kernel_graph.py).
 // The comparisons with the Python runtime live in tests/cpp (pytest, through the C ABI).
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,11 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "error.h"
 #include "gamma_policy.h"
+#include "kernel_attention.h"
 #include "ngram.h"
 #include "proposer.h"
 #include "sampling.h"
@@ -258,6 +262,20 @@ void test_engine() {  // SPECRT_TEST_ENGINE=DIR: greedy none == ngram == draft, 
   CHECK(!engine.generate({1, 5, 9}, p).token_ids.empty());  // the engine still works
 }
 
+void test_kernel_model() {  // SPECRT_TEST_KERNEL_MODEL=IN SPECRT_TEST_KERNEL_OUT=OUT: OUT := the kernels' graph
+  const char *in = std::getenv("SPECRT_TEST_KERNEL_MODEL"), *out = std::getenv("SPECRT_TEST_KERNEL_OUT");
+  if (!in || !out) {
+    std::printf("skip: the kernels' graph (set SPECRT_TEST_KERNEL_MODEL and SPECRT_TEST_KERNEL_OUT)\n");
+    return;
+  }
+  std::ifstream file(in, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  int nodes = 0, matmuls = 0;
+  const std::string model = kernel_attention_model(bytes, true, nodes, matmuls);
+  CHECK(nodes > 0);
+  std::ofstream(out, std::ios::binary) << model;
+}
+
 }  // namespace
 
 int main() {
@@ -269,6 +287,7 @@ int main() {
   test_proposer_factory();
   test_manifest_errors();
   test_engine();
+  test_kernel_model();
   if (failures) std::fprintf(stderr, "%d check(s) failed\n", failures);
   else std::printf("all checks passed\n");
   return failures ? 1 : 0;

@@ -1,0 +1,21 @@
+// e^x for x <= 0 in 16 lanes of AVX-512: Cody-Waite range reduction and a degree-6 polynomial, ~2 ulp; x below -87
+// gives exactly 0. Shared by the attention kernel's softmax (attention.cpp) and the int4 matmul's SwiGLU
+// (matmul_nbits.cpp): include it where AVX-512 code is compiled (-march with AVX-512F, or a target pragma).
+#pragma once
+#include <immintrin.h>
+
+namespace {
+
+inline __m512 exp16(__m512 x) {
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(kept, p, _mm512_castsi512_ps(e));
+}
+
+}  // namespace
