@@ -13,7 +13,9 @@
 // With the attribute swiglu = 1 (custom_ops/__init__.py fuse_swiglu folds a SwiGLU MLP's activation in) the node
 // outputs silu(Y[:, :N/2]) * Y[:, N/2:], [M, N/2]: gate and up columns are packed in pairs of groups, each task
 // computes both halves of its output columns and applies the activation while they are in cache (ONNX Runtime's
-// Split, Sigmoid and two Muls, four ops a layer, and a [M, N] tensor written and read back, gone).
+// Split, Sigmoid and two Muls, four ops a layer, and a [M, N] tensor written and read back, gone). With the
+// attribute norm_epsilon (fuse_norms folds the RMS norm before it in) A is the norm's input: inputs 3 and 4 are its
+// gamma and optional skip, output 1 the optional x + skip, and each row is normalized before it is quantized.
 //
 // Exactness: every row is computed by the same instructions in the same order whatever the call's other
 // rows (its own quantization, its own accumulators), so a one-token decode step equals the same token's row
@@ -23,6 +25,7 @@
 // Runtime's kernel stays). Built into libspecrt_kernels.so with the attention kernel (attention.cpp's
 // RegisterCustomOps adds both, kernels.h); libspecrt compiles it in (runtime/cpp/CMakeLists.txt).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +114,27 @@ void quantize(const float* a, int64_t m, int64_t k, Rows& rows) {
       rows.scale[r * blocks + blk] = scale;
       rows.bias[r * blocks + blk] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
+}
+
+// The RMS norm before the matmul, folded in (custom_ops/__init__.py fuse_norms): row r of x [m, k] (+ skip), written
+// to sum where given, then out = v / sqrt(mean(v^2) + epsilon) * gamma, as ONNX Runtime's (Skip)SimplifiedLayerNormalization.
+void rms_norm(const float* x, const float* skip, const float* gamma, float epsilon, int64_t m, int64_t k, float* sum,
+              float* out) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * k;
+    float* o = out + r * k;
+    __m512 squares = _mm512_setzero_ps();
+    for (int64_t t = 0; t < k; t += 16) {
+      __m512 v = _mm512_loadu_ps(xr + t);
+      if (skip) v = _mm512_add_ps(v, _mm512_loadu_ps(skip + r * k + t));
+      if (sum) _mm512_storeu_ps(sum + r * k + t, v);
+      _mm512_storeu_ps(o + t, v);
+      squares = _mm512_fmadd_ps(v, v, squares);
+    }
+    const __m512 inverse = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / k + epsilon));
+    for (int64_t t = 0; t < k; t += 16)
+      _mm512_storeu_ps(o + t, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(o + t), inverse), _mm512_loadu_ps(gamma + t)));
+  }
 }
 
 // Y rows row0..row0+R-1, columns of groups g0..g0+G-1: every weight block unpacked once for the R rows.
@@ -233,9 +257,21 @@ bool swiglu_attribute(const Ort::ConstKernelInfo& k) {
   }
 }
 
+// The optional attribute norm_epsilon: the node's A is the input of an RMS norm folded in, inputs 3 its gamma [K] and 4
+// (optional) a skip added first, output 1 (optional) that sum (custom_ops/__init__.py fuse_norms).
+bool norm_attribute(const Ort::ConstKernelInfo& k, float& epsilon) {
+  try {
+    epsilon = k.GetAttribute<float>("norm_epsilon");
+    return true;
+  } catch (const Ort::Exception&) {
+    return false;
+  }
+}
+
 struct MatMulKernel {
   Packed packed;
-  bool swiglu = false;
+  bool swiglu = false, norm = false;
+  float epsilon = 0.0f;
 
   MatMulKernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo k(info);
@@ -243,9 +279,13 @@ struct MatMulKernel {
       ORT_CXX_API_THROW("specrt MatMulNBits: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
     const int64_t n = k.GetAttribute<int64_t>("N"), kk = k.GetAttribute<int64_t>("K");
     if (k.GetAttribute<int64_t>("bits") != 4 || k.GetAttribute<int64_t>("block_size") != kBlock || n % kCols ||
-        kk % kBlock || k.GetInputCount() != 3)
-      ORT_CXX_API_THROW("specrt MatMulNBits: needs bits 4, block_size 32, N % 16 == 0, K % 32 == 0, no zero points "
-                        "or bias", ORT_INVALID_ARGUMENT);
+        kk % kBlock)
+      ORT_CXX_API_THROW("specrt MatMulNBits: needs bits 4, block_size 32, N % 16 == 0, K % 32 == 0",
+                        ORT_INVALID_ARGUMENT);
+    norm = norm_attribute(k, epsilon);
+    if (k.GetInputCount() != (norm ? 4u : 3u) && !(norm && k.GetInputCount() == 5))
+      ORT_CXX_API_THROW("specrt MatMulNBits: needs A, B and scales (no zero points or bias), then with norm_epsilon the "
+                        "norm's gamma and optionally its skip", ORT_INVALID_ARGUMENT);
     int constant_b = 0, constant_s = 0;
     auto b = k.GetTensorConstantInput(1, &constant_b), s = k.GetTensorConstantInput(2, &constant_s);
     if (!constant_b || !constant_s)
@@ -272,7 +312,30 @@ struct MatMulKernel {
     if (m == 0) return;
     thread_local Rows rows;
     thread_local std::vector<float> scratch;  // SwiGLU: gate and up, before the activation
-    quantize(a.GetTensorData<float>(), m, packed.k, rows);
+    const float* x = a.GetTensorData<float>();
+    thread_local std::vector<float> normed;  // the norm's output: the matmul's activations
+    if (norm) {
+      const size_t count = static_cast<size_t>(m * packed.k);
+      auto gamma = ctx.GetInput(3);
+      if (gamma.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(packed.k))
+        ORT_CXX_API_THROW("specrt MatMulNBits: the norm's gamma must have K values", ORT_INVALID_ARGUMENT);
+      const float* skip = nullptr;
+      if (ctx.GetInputCount() > 4) {
+        auto s = ctx.GetInput(4);
+        if (s.GetTensorTypeAndShapeInfo().GetElementCount() != count)
+          ORT_CXX_API_THROW("specrt MatMulNBits: the norm's skip must have A's shape", ORT_INVALID_ARGUMENT);
+        skip = s.GetTensorData<float>();
+      }
+      float* sum = nullptr;
+      if (ctx.GetOutputCount() > 1) {
+        std::vector<int64_t> a_shape = a.GetTensorTypeAndShapeInfo().GetShape();
+        sum = ctx.GetOutput(1, a_shape).GetTensorMutableData<float>();
+      }
+      normed.resize(count);
+      rms_norm(x, skip, gamma.GetTensorData<float>(), epsilon, m, packed.k, sum, normed.data());
+      x = normed.data();
+    }
+    quantize(x, m, packed.k, rows);
     if (swiglu) scratch.resize(m * packed.n);
     float* out = y.GetTensorMutableData<float>();
     // tasks of 4 groups (64 columns): enough of them to share among threads, each a whole wide tile
@@ -285,12 +348,18 @@ struct MatMulOp : Ort::CustomOpBase<MatMulOp, MatMulKernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulKernel(api, info); }
   const char* GetName() const { return "MatMulNBits"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 3; }
+  size_t GetInputTypeCount() const { return 5; }  // A, B, scales; a folded norm's gamma and skip
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
-  size_t GetOutputTypeCount() const { return 1; }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+  size_t GetOutputTypeCount() const { return 2; }  // Y; a folded norm's input + skip
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
 
   // Y: A's shape with its last dimension N
   static OrtStatusPtr InferOutputShape(Ort::ShapeInferContext& ctx) {

@@ -172,15 +172,16 @@ def resolve_matmul(matmul: str | None, on_cpu: bool) -> str:
 
 def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True, matmul: bool = False) -> tuple:
     """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many, and with
-    ``matmul`` its int4 MatMulNBits nodes renamed to specrt's matmul, their SwiGLU activations folded in, how
-    many), the kernel library registered
+    ``matmul`` its int4 MatMulNBits nodes renamed to specrt's matmul, their SwiGLU activations and RMS norms folded
+    in, how many), the kernel library registered
     in ``opts`` unless ``registered`` (the libraries already there, updated) has it; (str(path), 0, 0) for a
     graph without such attention nodes. Its external weights stay where they are: ``opts`` must name
     ``path``'s folder (session.model_external_initializers_file_folder_path). ``warn``: say so when the graph's
     attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
-    from ..custom_ops import KernelError, attention_library, fuse_swiglu, use_specrt_attention, use_specrt_matmul
+    from ..custom_ops import (KernelError, attention_library, fuse_norms, fuse_swiglu, use_specrt_attention,
+                              use_specrt_matmul)
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -195,6 +196,7 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
     matmuls = use_specrt_matmul(proto) if matmul else 0
     if matmuls:
         fuse_swiglu(proto)  # the MLP's activation folded into its gate/up matmul: four ops a layer fewer
+        fuse_norms(proto)  # and each layer's two RMS norms into the matmuls they feed
     try:
         library = attention_library()
     except KernelError as e:

@@ -1,7 +1,8 @@
 """specrt's int4 matmul (custom_ops/matmul_nbits.cpp, ai.specrt::MatMulNBits) against ONNX Runtime's MatMulNBits
 at accuracy level 4 on the same weights and inputs, the property the runtime relies on (a row's output does not
-depend on the call's other rows, bit for bit), and which nodes it takes over; the same for the SwiGLU activation it
-folds in (``fuse_swiglu``) against ONNX Runtime's Split, Sigmoid and Muls."""
+depend on the call's other rows, bit for bit), and which nodes it takes over; the same for what it folds in: the
+SwiGLU activation after it (``fuse_swiglu``) against ONNX Runtime's Split, Sigmoid and Muls, the RMS norm before it
+(``fuse_norms``) against ONNX Runtime's (Skip)SimplifiedLayerNormalization."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import KernelError, attention_library, fuse_swiglu, matmul_code, use_specrt_matmul
+from specrt.custom_ops import (KernelError, attention_library, fuse_norms, fuse_swiglu, matmul_code,
+                               use_specrt_matmul)
 from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
 
@@ -148,3 +150,66 @@ def test_only_a_swiglu_nothing_else_reads_is_folded():
     model = swiglu_model(64, 32)
     model.graph.node[0].domain = "com.microsoft"
     assert fuse_swiglu(model) == 0  # the matmul stays ONNX Runtime's (use_specrt_matmul did not take it)
+
+
+def norm_model(k: int, n: int, skip: bool = True, norm_out: bool = False, **norm_attrs):
+    """An RMS norm as specrt's export writes it, then ``matmul_model``'s node on its output: with ``skip``,
+    SkipSimplifiedLayerNormalization(X, R, gamma) -> (N, sum); else SimplifiedLayerNormalization(X, gamma).
+    ``norm_out``: N is a graph output too."""
+    model = matmul_model(k, n)
+    g = model.graph
+    g.node[0].input[0] = "N"
+    gamma = (np.random.default_rng(4).random(k, dtype=np.float32) + 0.5).astype(np.float32)
+    g.initializer.append(numpy_helper.from_array(gamma, "gamma"))
+    attrs = {"epsilon": 1e-5, **norm_attrs}
+    if skip:
+        norm = helper.make_node("SkipSimplifiedLayerNormalization", ["X", "R", "gamma"], ["N", "", "", "sum"],
+                                domain="com.microsoft", **attrs)
+    else:
+        norm = helper.make_node("SimplifiedLayerNormalization", ["X", "gamma"], ["N"], axis=-1, **attrs)
+    g.node.insert(0, norm)
+    del g.input[:]
+    g.input.extend([helper.make_tensor_value_info(name, TP.FLOAT, ["batch", "rows", k]) for name in ["X", "R"][:1 + skip]])
+    g.output.extend([helper.make_tensor_value_info(name, TP.FLOAT, None) for name in ["sum"] * skip + ["N"] * norm_out])
+    return model
+
+
+def folded_norm(model):
+    use_specrt_matmul(model)
+    return model, fuse_norms(model)
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "no skip"])
+def test_the_folded_norm_computes_what_onnx_runtime_computes(library, skip):
+    k, n = 576, 192
+    model, count = folded_norm(norm_model(k, n, skip))
+    assert count == 1 and [node.op_type for node in model.graph.node] == ["MatMulNBits"]
+    ours, ort_ = session(model, library), session(norm_model(k, n, skip))
+    rng = np.random.default_rng(5)
+    for batch, rows in [(1, 1), (1, 5), (2, 8), (3, 21)]:
+        feed = {"X": rng.standard_normal((batch, rows, k)).astype(np.float32) * 3}
+        if skip:
+            feed["R"] = rng.standard_normal((batch, rows, k)).astype(np.float32)
+        got, want = ours.run(None, feed), ort_.run(None, feed)
+        assert got[0].shape == (batch, rows, n)
+        # the norm's last bits differ from ONNX Runtime's; the int8 activations can turn that into a quantization step
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=2e-3 * np.abs(want[0]).max())
+        if skip:
+            assert np.array_equal(got[1], want[1])  # x + skip, the next layer's residual
+    whole = ours.run(None, {name: x[:1] for name, x in feed.items()})[0]  # a row's bits: its own
+    for lo, hi in [(0, 1), (7, 8), (2, 9), (13, 21)]:
+        part = ours.run(None, {name: x[:1, lo:hi] for name, x in feed.items()})[0]
+        assert np.array_equal(part, whole[:, lo:hi]), (lo, hi)
+
+
+def test_only_a_norm_nothing_else_reads_is_folded():
+    assert folded_norm(norm_model(64, 32))[1] == 1 and folded_norm(norm_model(64, 32, skip=False))[1] == 1
+    assert folded_norm(norm_model(64, 32, norm_out=True))[1] == 0  # its output is a graph output
+    model = norm_model(64, 32)
+    model.graph.node[0].input.append("gamma")  # a beta: not an RMS norm
+    assert folded_norm(model)[1] == 0
+    model = norm_model(64, 32)
+    del model.graph.node[0].attribute[:]  # no explicit epsilon (ONNX Runtime's default differs between the two ops)
+    assert folded_norm(model)[1] == 0
+    model = norm_model(64, 32)
+    assert fuse_norms(model) == 0  # the matmul stays ONNX Runtime's (use_specrt_matmul did not take it)

@@ -174,28 +174,67 @@ std::vector<int64_t> int64_values(const std::string &b, const Field &tensor) {
   return is_int64 ? out : std::vector<int64_t>{};
 }
 
-// The SwiGLU activations folded into the int4 matmuls before them (custom_ops/__init__.py `fuse_swiglu`, the same
-// rule): MatMulNBits -> Split in two halves -> Sigmoid(gate) -> Mul(gate, sigmoid) -> Mul(silu, up), nothing else
-// reading the tensors between. `output`: fused matmul (its index in the graph's fields) -> the last Mul's output
-// it takes over; `dropped`: the fields the fusion removes (the four nodes; split sizes nothing else reads).
+// The nodes folded into the int4 matmuls (custom_ops/__init__.py fuse_swiglu and fuse_norms, the same rules).
+struct Rewrite {  // a matmul's inputs and outputs once folded, and the attributes it gains (AttributeProtos)
+  std::vector<std::string> inputs, outputs;
+  std::string attributes;
+};
 struct Fusions {
-  std::map<size_t, std::string> output;
-  std::set<size_t> dropped;
+  std::map<size_t, Rewrite> matmuls;  // every renamed matmul (its index in the graph's fields) -> what it becomes
+  std::map<size_t, size_t> placed;    // a folded norm -> the matmul written where it stood
+  std::set<size_t> dropped;           // the fields removed: folded nodes, split sizes nothing reads, moved matmuls
 };
 
-Fusions swiglu_fusions(const std::string &b, const std::vector<Field> &items, const std::vector<Node> &nodes,
-                       const std::vector<bool> &matmuls) {
-  std::map<std::string, std::vector<size_t>> readers;  // tensor -> the nodes reading it
-  std::map<std::string, size_t> initializers;          // GraphProto initializer 5 (name 8)
-  std::set<std::string> outputs;                       // GraphProto output 12 (ValueInfoProto name 1)
+void put_attribute(std::string &node, const std::string &name, int64_t i) {  // AttributeProto: name 1, i 3, type 20 INT
+  std::string a;
+  put_bytes(a, 1, name);
+  put_varint(a, 3u << 3), put_varint(a, static_cast<uint64_t>(i));
+  put_varint(a, 20u << 3), put_varint(a, 2);
+  put_bytes(node, 5, a);
+}
+
+void put_attribute(std::string &node, const std::string &name, float f) {  // name 1, f 2 (fixed32), type 20 FLOAT
+  std::string a;
+  put_bytes(a, 1, name);
+  put_varint(a, (2u << 3) | 5);
+  char bits[4];
+  std::memcpy(bits, &f, 4);
+  a.append(bits, 4);
+  put_varint(a, 20u << 3), put_varint(a, 1);
+  put_bytes(node, 5, a);
+}
+
+// The tensors' readers, the initializers and the graph's outputs: what both rules check.
+struct Readers {
+  std::map<std::string, std::vector<size_t>> of;  // tensor -> the nodes reading it
+  std::map<std::string, size_t> initializers;     // GraphProto initializer 5 (name 8) -> its field
+  std::map<std::string, size_t> producer;         // tensor -> the node writing it
+  std::set<std::string> outputs;                  // GraphProto output 12 (ValueInfoProto name 1)
+};
+
+Readers readers_of(const std::string &b, const std::vector<Field> &items, const std::vector<Node> &nodes) {
+  Readers r;
   for (size_t k = 0; k < items.size(); ++k) {
-    if (items[k].number == 1 && items[k].wire == 2)
-      for (const std::string &in : nodes[k].inputs) readers[in].push_back(k);
+    if (items[k].number == 1 && items[k].wire == 2) {
+      for (const std::string &in : nodes[k].inputs) r.of[in].push_back(k);
+      for (const std::string &out : nodes[k].output_names)
+        if (!out.empty()) r.producer[out] = k;
+    }
     if ((items[k].number == 5 || items[k].number == 12) && items[k].wire == 2)
       for (const Field &f : fields(b, items[k].value, items[k].end))
         if (f.number == (items[k].number == 5 ? 8u : 1u) && f.wire == 2)
-          items[k].number == 5 ? void(initializers[text(b, f)] = k) : void(outputs.insert(text(b, f)));
+          items[k].number == 5 ? void(r.initializers[text(b, f)] = k) : void(r.outputs.insert(text(b, f)));
   }
+  return r;
+}
+
+// SwiGLU: MatMulNBits -> Split in two halves -> Sigmoid(gate) -> Mul(gate, sigmoid) -> Mul(silu, up), nothing else
+// reading the tensors between: the matmul takes the last Mul's output and swiglu = 1.
+void fold_swiglus(const std::string &b, const std::vector<Field> &items, const std::vector<Node> &nodes, Readers &rd,
+                  Fusions &out) {
+  auto &readers = rd.of;
+  auto &initializers = rd.initializers;
+  auto &outputs = rd.outputs;
   auto only = [&](const std::string &tensor, const char *op) -> const Node * {  // its one reader, an `op`
     auto it = readers.find(tensor);
     if (it == readers.end() || it->second.size() != 1 || outputs.count(tensor)) return nullptr;
@@ -207,10 +246,9 @@ Fusions swiglu_fusions(const std::string &b, const std::vector<Field> &items, co
     std::sort(a.begin(), a.end()), std::sort(b.begin(), b.end());
     return a == b;
   };
-  Fusions out;
   std::map<std::string, size_t> folded_reads;  // split sizes -> the folded splits reading them
-  for (size_t k = 0; k < items.size(); ++k) {
-    if (!matmuls[k] || nodes[k].output_names.size() != 1) continue;
+  for (auto &[k, rewrite] : out.matmuls) {
+    if (nodes[k].output_names.size() != 1) continue;
     const int64_t n = nodes[k].attrs.at("N").first;
     const Node *split = only(nodes[k].output_names[0], "Split");
     if (!split || n % 32 || split->output_names.size() != 2 || split->attrs.count("split") ||
@@ -237,13 +275,40 @@ Fusions swiglu_fusions(const std::string &b, const std::vector<Field> &items, co
     const Node *act = only(silu->output_names[0], "Mul");
     if (!act || act->output_names.size() != 1 || only(up, "Mul") != act || !same(act->inputs, {silu->output_names[0], up}))
       continue;
-    out.output[k] = act->output_names[0];
+    rewrite.outputs[0] = act->output_names[0];
+    put_attribute(rewrite.attributes, "swiglu", int64_t{1});
     out.dropped.insert({index(split), index(sigmoid), index(silu), index(act)});
     if (sized) ++folded_reads[split->inputs[1]];
   }
   for (const auto &[name, count] : folded_reads)  // split sizes only the dropped nodes read (one for every layer's)
     if (readers[name].size() == count) out.dropped.insert(initializers[name]);
-  return out;
+}
+
+// RMS norms: SimplifiedLayerNormalization(x, gamma) or SkipSimplifiedLayerNormalization(x, skip, gamma) whose output
+// only the matmul reads (an explicit epsilon, the last axis, no beta or bias, no statistics read): the matmul takes
+// (x, B, scales, gamma[, skip]), outputs (Y[, x + skip]), norm_epsilon, and stands where the norm stood.
+void fold_norms(const std::vector<Node> &nodes, Readers &rd, Fusions &out) {
+  for (auto &[k, rewrite] : out.matmuls) {
+    auto p = rd.producer.find(nodes[k].inputs[0]);
+    if (p == rd.producer.end()) continue;
+    const Node &norm = nodes[p->second];
+    const bool skip = norm.op == "SkipSimplifiedLayerNormalization" && norm.domain == "com.microsoft";
+    if (!skip && !(norm.op == "SimplifiedLayerNormalization" && (norm.domain.empty() || norm.domain == "ai.onnx")))
+      continue;
+    std::vector<std::string> in = norm.inputs, outs = norm.output_names;
+    in.resize(std::max<size_t>(in.size(), 5)), outs.resize(std::max<size_t>(outs.size(), 4));
+    bool extra_inputs = false;
+    for (size_t i = skip ? 3 : 2; i < 5; ++i) extra_inputs |= !in[i].empty();
+    if (!norm.attrs.count("epsilon") || (norm.attrs.count("axis") && norm.attrs.at("axis").first != -1) ||
+        extra_inputs || !outs[1].empty() || !outs[2].empty() || rd.outputs.count(outs[0]) || rd.of[outs[0]].size() != 1)
+      continue;
+    rewrite.inputs = {in[0], nodes[k].inputs[1], nodes[k].inputs[2], in[skip ? 2 : 1]};
+    if (skip) rewrite.inputs.push_back(in[1]);
+    if (skip && !outs[3].empty()) rewrite.outputs.push_back(outs[3]);
+    put_attribute(rewrite.attributes, "norm_epsilon", norm.attrs.at("epsilon").second);
+    out.placed[p->second] = k;
+    out.dropped.insert(k);
+  }
 }
 
 }  // namespace
@@ -309,25 +374,30 @@ std::string kernel_attention_model(const std::string &model, bool matmul, int &n
     ++nodes;
   }
   if (!nodes) return "";
-  const Fusions fused = swiglu_fusions(model, items, graph_nodes, renamed_matmul);
+  Fusions fused;
+  for (size_t k = 0; k < items.size(); ++k)
+    if (renamed_matmul[k]) fused.matmuls[k] = {graph_nodes[k].inputs, graph_nodes[k].output_names, ""};
+  Readers readers = readers_of(model, items, graph_nodes);
+  fold_swiglus(model, items, graph_nodes, readers, fused);
+  fold_norms(graph_nodes, readers, fused);
   std::string new_graph;
   for (size_t k = 0; k < items.size(); ++k) {
-    if (fused.dropped.count(k)) continue;
-    if (!renamed[k]) {
-      new_graph.append(model, items[k].begin, items[k].end - items[k].begin);
+    const auto placed = fused.placed.find(k);
+    const size_t at = placed != fused.placed.end() ? placed->second : k;  // the node written here
+    if (placed == fused.placed.end() && fused.dropped.count(k)) continue;
+    if (!renamed[at]) {
+      new_graph.append(model, items[at].begin, items[at].end - items[at].begin);
       continue;
     }
-    auto swiglu = fused.output.find(k);
-    std::string node;  // NodeProto: every field as it was but the domain (7), then the kernel's
-    for (const Field &f : fields(model, items[k].value, items[k].end))
-      if (f.number != 7 && !(f.number == 2 && swiglu != fused.output.end())) node.append(model, f.begin, f.end - f.begin);
-    if (swiglu != fused.output.end()) {  // the activation's output (2), and the attribute swiglu = 1 (5: name 1,
-      put_bytes(node, 2, swiglu->second);  // i 3, type 20 = INT)
-      std::string attribute;
-      put_bytes(attribute, 1, "swiglu");
-      put_varint(attribute, 3u << 3), put_varint(attribute, 1);
-      put_varint(attribute, 20u << 3), put_varint(attribute, 2);
-      put_bytes(node, 5, attribute);
+    const auto rewrite = fused.matmuls.find(at);
+    const bool matmul_node = rewrite != fused.matmuls.end();
+    std::string node;  // NodeProto: every field as it was but the domain (7) and a matmul's inputs (1), outputs (2)
+    for (const Field &f : fields(model, items[at].value, items[at].end))
+      if (f.number != 7 && !(matmul_node && (f.number == 1 || f.number == 2))) node.append(model, f.begin, f.end - f.begin);
+    if (matmul_node) {
+      for (const std::string &in : rewrite->second.inputs) put_bytes(node, 1, in);
+      for (const std::string &out : rewrite->second.outputs) put_bytes(node, 2, out);
+      node += rewrite->second.attributes;
     }
     put_bytes(node, 7, kDomain);
     put_bytes(new_graph, 1, node);
