@@ -133,7 +133,12 @@ def runs(rt, method: str) -> bool:
 
 def print_table(console, title: str, rt, prompts: dict, methods: list, max_new_tokens: int, temperature: float,
                 show: bool = False) -> bool:
-    """Each prompt with each method (the first one is the baseline); whether every output equals the baseline's."""
+    """Each prompt with each method (the first one is the baseline); whether every output equals the baseline's.
+
+    The baseline runs first and again last, and the table shows its faster run: a single run's tok/s moves with
+    whatever else the machine does (plain right after an export once measured 1.3x slow, so that n-gram with
+    α 0.00 showed 1.30x). Every other method runs once: suffix decoding learns from the outputs it has seen, so a
+    second run would measure a repeated prompt."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -141,19 +146,23 @@ def print_table(console, title: str, rt, prompts: dict, methods: list, max_new_t
         table.add_column(col, no_wrap=True)
     all_same = True
     for i, (name, prompt) in enumerate(prompts.items()):
-        plain = rt.generate(prompt, max_new_tokens=max_new_tokens, method=methods[0], temperature=temperature, seed=i)
+        best, same = {}, {}
+        for method in [*methods, methods[0]]:
+            out = rt.generate(prompt, max_new_tokens=max_new_tokens, method=method, temperature=temperature, seed=i)
+            if method not in best or out.stats["tokens_per_second"] > best[method].stats["tokens_per_second"]:
+                best[method] = out
+            same[method] = same.get(method, True) and out.token_ids == best[methods[0]].token_ids
+        plain = best[methods[0]]
         if show:
             console.rule(f"prompt {name}")
             console.print(rich_escape(prompt) + "[bold green]" + rich_escape(plain.text) + "[/]", highlight=False)
         for method in methods:
-            out = plain if method == methods[0] else rt.generate(
-                prompt, max_new_tokens=max_new_tokens, method=method, temperature=temperature, seed=i)
-            s, same = out.stats, out.token_ids == plain.token_ids
-            all_same &= same
+            s = best[method].stats
+            all_same &= same[method]
             table.add_row(name, method, str(s["new_tokens"]), f"{s['tokens_per_second']:.0f}",
                           f"{s['tokens_per_second'] / plain.stats['tokens_per_second']:.2f}x",
                           f"{s.get('alpha', 0):.2f}" if method != "none" else "-", f"{s.get('tokens_per_pass', 1):.2f}",
-                          "-" if method == methods[0] else ("yes" if same else "no"))
+                          "-" if method == methods[0] else ("yes" if same[method] else "no"))
     console.print(table)
     return all_same
 
