@@ -2,8 +2,8 @@
 (custom ops) and suffix decoding's index.
 
     attention_library()        libspecrt_kernels.so (built once per source and CPU, cached): the custom ops
-                               ai.specrt::GroupQueryAttention (attention.cpp) and ai.specrt::MatMulNBits
-                               (matmul_nbits.cpp, int4 weights)
+                               ai.specrt::GroupQueryAttention (attention.cpp), ai.specrt::MatMulNBits
+                               (matmul_nbits.cpp, int4 weights) and ai.specrt::MatMulInt8 (matmul_int8.cpp)
     suffix_library()           libspecrt_suffix.so: suffix decoding's index (suffix_index.cpp, which libspecrt
                                compiles too), for the Python runtime through custom_ops/suffix.py
     vector_code()              whether this CPU runs the kernel's vector code (AVX-512 or AVX2)
@@ -13,6 +13,8 @@
     use_specrt_matmul(m)       the same for the MatMulNBits nodes the int4 matmul computes
     fuse_swiglu(m)             folds each SwiGLU activation (Split, Sigmoid, two Muls) into the int4 matmul before it
     fuse_norms(m)              folds each RMS norm ((Skip)SimplifiedLayerNormalization) into the int4 matmul after it
+    int8_code()                whether the int8 matmul takes a graph's int8 matmuls here (AVX-512 VNNI and AMX)
+    fuse_int8_matmuls(m)       makes each int8 matmul with per-row activations, and its row-scale Mul, one MatMulInt8
 
 Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
 ``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
@@ -39,7 +41,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("attention.cpp")
-KERNEL_SOURCES = [SOURCE, Path(__file__).with_name("matmul_nbits.cpp")]
+KERNEL_SOURCES = [SOURCE, Path(__file__).with_name("matmul_nbits.cpp"), Path(__file__).with_name("matmul_int8.cpp")]
 KERNEL_HEADERS = [Path(__file__).with_name("kernels.h"), Path(__file__).with_name("exp16.h")]
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
@@ -206,6 +208,29 @@ def use_specrt_matmul(model) -> int:
     return len(nodes)
 
 
+def links(graph) -> tuple[dict, dict]:
+    """(tensor -> the nodes reading it, tensor -> the node writing it) of ``graph``."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers, {out: node for node in graph.node for out in node.output if out}
+
+
+def replace_nodes(graph, replaced: dict) -> None:
+    """``graph``'s nodes in order, each node whose id is in ``replaced`` written as its value there (None: dropped)."""
+    from onnx import NodeProto
+
+    order = []
+    for node in graph.node:
+        new = replaced.get(id(node), node)
+        if new is not None:  # copies: the nodes themselves go with the field's old contents
+            order.append(NodeProto())
+            order[-1].CopyFrom(new)
+    del graph.node[:]
+    graph.node.extend(order)
+
+
 def fuse_swiglu(model) -> int:
     """Fold each SwiGLU activation after an int4 matmul the kernel computes (already renamed by
     ``use_specrt_matmul``) into that matmul (in place): MatMulNBits -> Split in two halves -> Sigmoid(gate) ->
@@ -278,14 +303,10 @@ def fuse_norms(model) -> int:
     Returns how many. Example: SmolLM2-135M's int4 fused graph -> 60 (every layer's two norms; the final one feeds
     the int8 lm_head and stays). Only norms with an explicit epsilon, no beta or bias, no statistics read, over the
     last axis."""
-    from onnx import NodeProto, helper
+    from onnx import helper
 
     graph = model.graph
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    producer = {out: node for node in graph.node for out in node.output if out}
+    consumers, producer = links(graph)
     graph_outputs = {o.name for o in graph.output}
     fused, moved = 0, {}  # id(norm) -> its folded matmul, id(matmul) -> None (gone from its own place)
     for mm in [n for n in graph.node if n.op_type == "MatMulNBits" and n.domain == DOMAIN]:
@@ -309,9 +330,70 @@ def fuse_norms(model) -> int:
         moved[id(norm)], moved[id(mm)] = mm, None
         fused += 1
     if fused:  # each folded matmul where its norm stood: its inputs are ready there, its readers come after
-        order = [NodeProto() for _ in range(len(graph.node) - fused)]
-        for new, node in zip(order, [moved.get(id(n), n) for n in graph.node if moved.get(id(n), n) is not None]):
-            new.CopyFrom(node)
-        del graph.node[:]
-        graph.node.extend(order)
+        replace_nodes(graph, moved)
     return fused
+
+
+def int8_code() -> bool:
+    """Whether specrt's int8 matmul (matmul_int8.cpp) takes a graph's int8 matmuls here: AMX's int8 tiles beside AVX-512
+    VNNI (its VNNI path alone is slower than ONNX Runtime's kernel past one row)."""
+    return matmul_code() and {"amx_tile", "amx_int8"} <= set(cpu_flags().split())
+
+
+def fuse_int8_matmuls(model) -> int:
+    """Fold each int8 matmul whose activations are quantized per row, and the row-scale Mul after it, into specrt's
+    int8 matmul (in place): QuantizeLinear(x, s, z) per row (block_size K) -> com.microsoft::MatMulIntegerToFloat(q, B,
+    a_scale, b_scale, a_zero_point) -> Mul(y, s) becomes ai.specrt::MatMulInt8(q, B, a_scale, b_scale, a_zero_point, s)
+    where the matmul stood, writing the Mul's output (custom_ops/matmul_int8.cpp: the same float operations, so the
+    same bits). Returns how many. Example: SmolLM2-135M's int4 graph -> 1 (its lm_head); its w8a8 graph -> 121. Only
+    with B int8 [K, N], N a multiple of 16, per-column fp32 b_scale, and the scales and zero point stored in the
+    graph."""
+    from onnx import NodeProto, helper
+
+    graph = model.graph
+    consumers, producer = links(graph)
+    replaced = {}  # id(matmul) -> its MatMulInt8, id(mul) -> None
+    for mm in [n for n in graph.node if n.op_type == "MatMulIntegerToFloat" and n.domain == "com.microsoft"]:
+        found = int8_fold(mm, graph, producer, consumers)
+        if found is None:
+            continue
+        scale, mul = found
+        new = NodeProto()
+        new.CopyFrom(mm)
+        new.op_type, new.domain = "MatMulInt8", DOMAIN
+        new.input.append(scale)
+        new.output[0] = mul.output[0]
+        replaced[id(mm)], replaced[id(mul)] = new, None
+    if replaced:
+        replace_nodes(graph, replaced)
+        if not any(o.domain == DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return len(replaced) // 2
+
+
+def int8_fold(mm, graph, producer: dict, consumers: dict):
+    """(s, the Mul) where ``fuse_int8_matmuls`` folds the MatMulIntegerToFloat node ``mm``, else None."""
+    from onnx import TensorProto, helper
+
+    initializers = {t.name: t for t in graph.initializer}
+    inputs = list(mm.input)
+    if len(inputs) != 5 or not all(inputs) or any(i not in initializers for i in inputs[1:]):
+        return None
+    b, a_scale, b_scale, zero = (initializers[i] for i in inputs[1:])
+    if b.data_type != TensorProto.INT8 or len(b.dims) != 2 or b.dims[1] % 16 or list(b_scale.dims) != [b.dims[1]] \
+            or {a_scale.data_type, b_scale.data_type} != {TensorProto.FLOAT} or zero.data_type != TensorProto.UINT8 \
+            or any(d != 1 for d in [*a_scale.dims, *zero.dims]):
+        return None
+    quantize = producer.get(inputs[0])
+    if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.domain not in ("", "ai.onnx"):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in quantize.attribute}
+    if attrs.get("axis", 1) != -1 or attrs.get("block_size") != b.dims[0]:  # one scale a row
+        return None
+    scale, readers = quantize.input[1], consumers.get(mm.output[0], [])
+    if len(readers) != 1 or mm.output[0] in {o.name for o in graph.output}:
+        return None
+    mul = readers[0]
+    if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or sorted(mul.input) != sorted([mm.output[0], scale]):
+        return None
+    return scale, mul

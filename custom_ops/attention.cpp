@@ -523,6 +523,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     if (!added) {
       domain.Add(&attention_op);
       if (const OrtCustomOp* matmul = specrt_matmul_nbits_op()) domain.Add(matmul);
+      if (const OrtCustomOp* int8 = specrt_matmul_int8_op()) domain.Add(int8);
       added = true;
     }
     Ort::UnownedSessionOptions(options).Add(domain);

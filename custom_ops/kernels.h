@@ -10,3 +10,10 @@ const OrtCustomOp* specrt_matmul_nbits_op();
 
 // Whether this CPU runs it (x86-64 with AVX-512 F, BW and VNNI).
 bool specrt_matmul_nbits_runs();
+
+// ai.specrt::MatMulInt8 (matmul_int8.cpp): the int8 lm_head with its row scale folded in; nullptr where the compiler
+// cannot build it (not x86-64); the op refuses to run on a CPU without AVX-512 VNNI (AMX where there is one).
+const OrtCustomOp* specrt_matmul_int8_op();
+
+// Whether the graphs' int8 matmuls go to it (custom_ops/__init__.py int8_code): AVX-512 VNNI and AMX's int8 tiles.
+bool specrt_matmul_int8_runs();

@@ -40,7 +40,8 @@ class OrtEngine:
     all or none, custom_ops/).
     matmul: who computes the int4 MatMulNBits nodes of a graph whose attention runs on specrt's kernel: "auto"
     (the default: $SPECRT_MATMUL, else specrt's int4 matmul on a CPU with AVX-512 VNNI, custom_ops/matmul_nbits.cpp),
-    "ort" or "specrt" (EngineError without AVX-512 VNNI). ``session.specrt_matmuls`` counts them.
+    "ort" or "specrt" (EngineError without AVX-512 VNNI); with specrt's, its int8 matmuls with per-row activations
+    too where the CPU has AMX (custom_ops/matmul_int8.cpp). ``session.specrt_matmuls`` counts both.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -121,7 +122,7 @@ class OrtEngine:
         except Exception as e:  # ORT raises its own Fail/InvalidGraph types
             raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
         session.specrt_attention = nodes  # attention nodes on specrt's kernel
-        session.specrt_matmuls = matmuls  # int4 MatMulNBits nodes on specrt's matmul
+        session.specrt_matmuls = matmuls  # int4 MatMulNBits and int8 MatMulIntegerToFloat nodes on specrt's matmuls
         return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -180,8 +181,8 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
     attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
-    from ..custom_ops import (KernelError, attention_library, fuse_norms, fuse_swiglu, use_specrt_attention,
-                              use_specrt_matmul)
+    from ..custom_ops import (KernelError, attention_library, fuse_int8_matmuls, fuse_norms, fuse_swiglu, int8_code,
+                              use_specrt_attention, use_specrt_matmul)
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -197,6 +198,8 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
     if matmuls:
         fuse_swiglu(proto)  # the MLP's activation folded into its gate/up matmul: four ops a layer fewer
         fuse_norms(proto)  # and each layer's two RMS norms into the matmuls they feed
+    if matmul and int8_code():
+        matmuls += fuse_int8_matmuls(proto)  # the int8 ones (an int4 graph's lm_head), their row scale folded in
     try:
         library = attention_library()
     except KernelError as e:

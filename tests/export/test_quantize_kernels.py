@@ -110,8 +110,11 @@ def test_w8a8_export_records_its_kernels_and_verify_curve(tmp_path):
     assert m["parity"]["scheme"] == "int8"  # judged by int8's floors
     assert 5 in c["q"] and len(c["seconds"]) == len(c["q"]) and min(c["seconds"]) > 0 and c["ratio"][0] == 1.0
     assert load_manifest(engine).target.latency["q"] == c["q"]
-    from specrt.engines.ort import kernel_pays  # timed on the kernels specrt.load picks here (no int4 matmuls)
-    assert c["ran_on"] == {"attention": "specrt" if kernel_pays() else "ort", "matmul": "ort"}
+    from specrt.custom_ops import int8_code
+    from specrt.engines.ort import kernel_pays  # timed on the kernels specrt.load picks here (int8 matmuls: with AMX)
+
+    assert c["ran_on"] == {"attention": "specrt" if kernel_pays() else "ort",
+                           "matmul": "specrt" if kernel_pays() and int8_code() else "ort"}
     out = specrt.load(engine).generate([3, 1, 4, 1, 5], max_new_tokens=8, method="none")
     assert len(out.token_ids) >= 1
 

@@ -98,8 +98,9 @@ def test_a_manifest_naming_a_missing_or_misplaced_decode_graph_is_refused(engine
 def test_on_specrt_attention_the_fused_graph_needs_no_pad(engine, specrt_attention, matmul):
     """specrt's kernel computes a row the same whatever else its call holds: decode steps run the fused graph
     (no padded graph opened) and still equal the verify pass's rows bit for bit; greedy speculation equals
-    plain greedy. So does specrt's int4 matmul (custom_ops/matmul_nbits.cpp) where the CPU runs it."""
-    from specrt.custom_ops import matmul_code
+    plain greedy. So do specrt's int4 matmul (custom_ops/matmul_nbits.cpp) where the CPU runs it, and its int8 matmul
+    (matmul_int8.cpp: the w8a8 graph's matmuls, the int4 graph's lm_head) where the CPU has AMX too."""
+    from specrt.custom_ops import int8_code, matmul_code
 
     if matmul == "specrt" and not matmul_code():
         pytest.skip("specrt's int4 matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
@@ -107,7 +108,7 @@ def test_on_specrt_attention_the_fused_graph_needs_no_pad(engine, specrt_attenti
     runner = rt.runner("target", 2)[0]
     assert runner.single is runner.engine and rt.target.engine.session.specrt_attention > 0
     int4 = rt.target.spec.quantize == "int4"
-    assert (rt.target.engine.session.specrt_matmuls > 0) == (matmul == "specrt" and int4)
+    assert (rt.target.engine.session.specrt_matmuls > 0) == (matmul == "specrt" and (int4 or int8_code()))
     steps, verify = steps_and_pass(runner)
     assert np.array_equal(steps, verify)
     base = [3, 1, 4, 1, 5]

@@ -181,6 +181,7 @@ struct Rewrite {  // a matmul's inputs and outputs once folded, and the attribut
 };
 struct Fusions {
   std::map<size_t, Rewrite> matmuls;  // every renamed matmul (its index in the graph's fields) -> what it becomes
+  std::map<size_t, Rewrite> int8;     // MatMulIntegerToFloat -> the MatMulInt8 written in its place
   std::map<size_t, size_t> placed;    // a folded norm -> the matmul written where it stood
   std::set<size_t> dropped;           // the fields removed: folded nodes, split sizes nothing reads, moved matmuls
 };
@@ -311,6 +312,75 @@ void fold_norms(const std::vector<Node> &nodes, Readers &rd, Fusions &out) {
   }
 }
 
+// A TensorProto's data_type (field 2) and dims (field 1, packed or not).
+struct TensorInfo {
+  uint64_t type = 0;
+  std::vector<int64_t> dims;
+};
+
+TensorInfo tensor_info(const std::string &b, const Field &tensor) {
+  TensorInfo t;
+  for (const Field &f : fields(b, tensor.value, tensor.end)) {
+    if (f.number == 2 && f.wire == 0) t.type = f.varint;
+    if (f.number == 1 && f.wire == 0) t.dims.push_back(static_cast<int64_t>(f.varint));
+    if (f.number == 1 && f.wire == 2)
+      for (size_t at = f.value; at < f.end;) t.dims.push_back(static_cast<int64_t>(read_varint(b, at, f.end)));
+  }
+  return t;
+}
+
+// int8 matmuls (custom_ops/__init__.py fuse_int8_matmuls, the same rule): QuantizeLinear(x, s, z) per row (axis -1,
+// block_size K) -> com.microsoft::MatMulIntegerToFloat(q, B, a_scale, b_scale, a_zero_point), B int8 [K, N] with
+// N % 16 == 0, b_scale [N], scalar a_scale and uint8 zero point, all initializers -> Mul(y, s), the only reader of y:
+// ai.specrt::MatMulInt8(q, B, a_scale, b_scale, a_zero_point, s) writing the Mul's output, where the matmul stood.
+void fold_int8(const std::string &b, const std::vector<Field> &items, const std::vector<Node> &nodes, Readers &rd,
+               Fusions &out) {
+  constexpr uint64_t kFloat = 1, kUint8 = 2, kInt8 = 3;  // TensorProto.DataType
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const Node &mm = nodes[k];
+    if (mm.op != "MatMulIntegerToFloat" || mm.domain != "com.microsoft" || mm.inputs.size() != 5 ||
+        mm.output_names.size() != 1)
+      continue;
+    std::vector<TensorInfo> init;
+    for (size_t i = 1; i < 5; ++i) {
+      auto it = rd.initializers.find(mm.inputs[i]);
+      if (it == rd.initializers.end()) break;
+      init.push_back(tensor_info(b, items[it->second]));
+    }
+    if (init.size() != 4) continue;
+    const TensorInfo &w = init[0], &a_scale = init[1], &b_scale = init[2], &zero = init[3];
+    auto scalar = [](const TensorInfo &t) {
+      return std::all_of(t.dims.begin(), t.dims.end(), [](int64_t d) { return d == 1; });
+    };
+    if (w.type != kInt8 || w.dims.size() != 2 || w.dims[1] % 16 || b_scale.type != kFloat ||
+        b_scale.dims != std::vector<int64_t>{w.dims[1]} || a_scale.type != kFloat || !scalar(a_scale) ||
+        zero.type != kUint8 || !scalar(zero))
+      continue;
+    auto p = rd.producer.find(mm.inputs[0]);
+    if (p == rd.producer.end()) continue;
+    const Node &quantize = nodes[p->second];
+    auto attr = [&](const char *name, int64_t absent) {
+      return quantize.attrs.count(name) ? quantize.attrs.at(name).first : absent;
+    };
+    if (quantize.op != "QuantizeLinear" || !(quantize.domain.empty() || quantize.domain == "ai.onnx") ||
+        quantize.inputs.size() < 2 || attr("axis", 1) != -1 || attr("block_size", 0) != w.dims[0])
+      continue;
+    const std::string &scale = quantize.inputs[1], &y = mm.output_names[0];
+    const std::vector<size_t> &readers = rd.of[y];
+    if (readers.size() != 1 || rd.outputs.count(y)) continue;
+    const Node &mul = nodes[readers[0]];
+    std::vector<std::string> mul_inputs = mul.inputs, want = {y, scale};
+    std::sort(mul_inputs.begin(), mul_inputs.end()), std::sort(want.begin(), want.end());
+    if (mul.op != "Mul" || !(mul.domain.empty() || mul.domain == "ai.onnx") || mul_inputs != want ||
+        mul.output_names.size() != 1)
+      continue;
+    std::vector<std::string> inputs = mm.inputs;
+    inputs.push_back(scale);
+    out.int8[k] = {inputs, mul.output_names, ""};
+    out.dropped.insert(readers[0]);
+  }
+}
+
 }  // namespace
 
 std::string resolve_attention(const std::string &asked) {
@@ -380,11 +450,24 @@ std::string kernel_attention_model(const std::string &model, bool matmul, int &n
   Readers readers = readers_of(model, items, graph_nodes);
   fold_swiglus(model, items, graph_nodes, readers, fused);
   fold_norms(graph_nodes, readers, fused);
+  if (matmul && specrt_matmul_int8_runs()) fold_int8(model, items, graph_nodes, readers, fused);
+  matmuls += static_cast<int>(fused.int8.size());
   std::string new_graph;
   for (size_t k = 0; k < items.size(); ++k) {
     const auto placed = fused.placed.find(k);
     const size_t at = placed != fused.placed.end() ? placed->second : k;  // the node written here
     if (placed == fused.placed.end() && fused.dropped.count(k)) continue;
+    if (const auto int8 = fused.int8.find(at); int8 != fused.int8.end()) {  // every field but inputs, outputs, op, domain
+      std::string node;
+      for (const Field &f : fields(model, items[at].value, items[at].end))
+        if (f.number != 1 && f.number != 2 && f.number != 4 && f.number != 7) node.append(model, f.begin, f.end - f.begin);
+      for (const std::string &in : int8->second.inputs) put_bytes(node, 1, in);
+      for (const std::string &out : int8->second.outputs) put_bytes(node, 2, out);
+      put_bytes(node, 4, "MatMulInt8");
+      put_bytes(node, 7, kDomain);
+      put_bytes(new_graph, 1, node);
+      continue;
+    }
     if (!renamed[at]) {
       new_graph.append(model, items[at].begin, items[at].end - items[at].begin);
       continue;

@@ -1,5 +1,6 @@
 """The graph libspecrt's kernels run equals the Python runtime's, node for node: attention and int4 matmuls moved
-to specrt's domain, each SwiGLU and RMS norm folded into its matmul where both rules allow (runtime/cpp/src/kernel_attention.cpp
+to specrt's domain, each SwiGLU and RMS norm folded into its matmul where both rules allow, and (on a CPU with AMX) each
+int8 matmul with per-row activations and its row-scale Mul made one MatMulInt8 (runtime/cpp/src/kernel_attention.cpp
 against custom_ops/__init__.py). Two runtimes that rewrote a graph differently would round differently and could
 pick different tokens."""
 from __future__ import annotations
@@ -11,7 +12,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from specrt.custom_ops import fuse_norms, fuse_swiglu, use_specrt_attention, use_specrt_matmul
+from specrt.custom_ops import (fuse_int8_matmuls, fuse_norms, fuse_swiglu, int8_code, use_specrt_attention,
+                               use_specrt_matmul)
 
 INT4_TARGET = dict(arch="llama", seed=0, scale=30.0, hidden=64)  # the fused graph, int4 MLPs of 256 columns
 
@@ -21,6 +23,8 @@ def python_rewrite(model):
     use_specrt_matmul(model)
     fuse_swiglu(model)
     fuse_norms(model)
+    if int8_code():
+        fuse_int8_matmuls(model)
     return model
 
 
@@ -57,5 +61,25 @@ def test_cpp_folds_the_same_nodes_as_python(cpp_build, build_engine, tmp_path, v
     assert folded("swiglu") == (1 if variant == "a gate read elsewhere" else 2)  # the tiny target's two layers
     assert any(t.name == sizes for t in want.graph.initializer) == (variant == "a gate read elsewhere")  # while read
     assert folded("norm_epsilon") == (3 if variant == "a norm read elsewhere" else 4)  # two a layer
+    assert sum(n.op_type == "MatMulInt8" for n in want.graph.node) == int8_code()  # the int8 lm_head
     assert nodes(got) == nodes(want)
     assert sorted(t.name for t in got.graph.initializer) == sorted(t.name for t in want.graph.initializer)
+
+
+@pytest.mark.parametrize("variant", ["as exported", "a row scale read elsewhere"])
+def test_cpp_folds_the_same_int8_matmuls_as_python(cpp_build, build_engine, tmp_path, variant):
+    """w8a8: every layer's matmuls and the lm_head are int8 with per-row activations."""
+    if not int8_code():
+        pytest.skip("the int8 matmul takes a graph's int8 matmuls on a CPU with AMX (custom_ops.int8_code)")
+    engine = build_engine("kernel_graph_w8a8", INT4_TARGET, max_len=32, quantize="w8a8")
+    model = onnx.load(str(engine / "target.onnx"), load_external_data=False)
+    int8 = sum(n.op_type == "MatMulIntegerToFloat" for n in model.graph.node)
+    if variant == "a row scale read elsewhere":  # the first matmul's output also a graph output: it stays
+        first = next(n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat").output[0]
+        model.graph.output.append(helper.make_tensor_value_info(first, onnx.TensorProto.FLOAT, None))
+    path = tmp_path / "in.onnx"
+    onnx.save(model, str(path))
+    want = python_rewrite(onnx.load(str(path), load_external_data=False))
+    got = cpp_rewrite(cpp_build, path, tmp_path / "out.onnx")
+    assert sum(n.op_type == "MatMulInt8" for n in want.graph.node) == int8 - (variant != "as exported")
+    assert nodes(got) == nodes(want)
