@@ -352,9 +352,10 @@ def fuse_int8_matmuls(model) -> int:
 
     graph = model.graph
     consumers, producer = links(graph)
+    initializers, graph_outputs = {t.name: t for t in graph.initializer}, {o.name for o in graph.output}
     replaced = {}  # id(matmul) -> its MatMulInt8, id(mul) -> None
     for mm in [n for n in graph.node if n.op_type == "MatMulIntegerToFloat" and n.domain == "com.microsoft"]:
-        found = int8_fold(mm, graph, producer, consumers)
+        found = int8_fold(mm, initializers, graph_outputs, producer, consumers)
         if found is None:
             continue
         scale, mul = found
@@ -371,11 +372,10 @@ def fuse_int8_matmuls(model) -> int:
     return len(replaced) // 2
 
 
-def int8_fold(mm, graph, producer: dict, consumers: dict):
+def int8_fold(mm, initializers: dict, graph_outputs: set, producer: dict, consumers: dict):
     """(s, the Mul) where ``fuse_int8_matmuls`` folds the MatMulIntegerToFloat node ``mm``, else None."""
     from onnx import TensorProto, helper
 
-    initializers = {t.name: t for t in graph.initializer}
     inputs = list(mm.input)
     if len(inputs) != 5 or not all(inputs) or any(i not in initializers for i in inputs[1:]):
         return None
@@ -391,7 +391,7 @@ def int8_fold(mm, graph, producer: dict, consumers: dict):
     if attrs.get("axis", 1) != -1 or attrs.get("block_size") != b.dims[0]:  # one scale a row
         return None
     scale, readers = quantize.input[1], consumers.get(mm.output[0], [])
-    if len(readers) != 1 or mm.output[0] in {o.name for o in graph.output}:
+    if len(readers) != 1 or mm.output[0] in graph_outputs:
         return None
     mul = readers[0]
     if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or sorted(mul.input) != sorted([mm.output[0], scale]):

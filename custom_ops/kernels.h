@@ -8,7 +8,7 @@ struct OrtCustomOp;
 // (not x86-64); the op itself refuses to run on a CPU without it.
 const OrtCustomOp* specrt_matmul_nbits_op();
 
-// Whether this CPU runs it (x86-64 with AVX-512 F, BW and VNNI).
+// Whether this CPU runs it (x86-64 with AVX-512 F, BW and VNNI; the int8 matmul's VNNI code needs the same).
 bool specrt_matmul_nbits_runs();
 
 // ai.specrt::MatMulInt8 (matmul_int8.cpp): the int8 lm_head with its row scale folded in; nullptr where the compiler

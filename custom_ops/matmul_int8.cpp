@@ -49,7 +49,8 @@ namespace {
 constexpr int64_t kCols = 16;        // columns per group: one 512-bit register of int32 / fp32
 constexpr int64_t kChunk = 64;       // K-values per packed tile
 constexpr int64_t kTileBytes = kChunk * kCols;  // one (group, chunk): 16 K-quads x 16 columns x 4 bytes
-constexpr int kTileRows = 16;        // rows of A an AMX tile holds (and the VNNI path's row block)
+constexpr int kTileRows = 16;        // rows of A an AMX tile holds
+constexpr int kVnniRows = 8;         // rows the VNNI path keeps in registers
 constexpr int64_t kPrefetch = 8 * kTileBytes;  // how far ahead a group asks for its next weights
 
 // B repacked: tile (g, c) at data + (g * chunks + c) * kTileBytes; byte (q * 16 + j) * 4 + i holds B[c * 64 + 4q + i,
@@ -177,12 +178,6 @@ void amx_groups(const Packed& p, const uint8_t* a, int64_t row0, int rows, const
 
 #pragma GCC pop_options
 
-bool cpu_has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
 bool cpu_has_amx() {  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 24 & 1) && (edx >> 25 & 1);
@@ -198,7 +193,7 @@ bool amx_enabled() {
 }
 
 using VnniFn = void (*)(const Packed&, const uint8_t*, int64_t, const float*, int64_t, float*);
-constexpr VnniFn kVnni[9] = {nullptr, &vnni_group<1>, &vnni_group<2>, &vnni_group<3>, &vnni_group<4>,
+constexpr VnniFn kVnni[kVnniRows + 1] = {nullptr, &vnni_group<1>, &vnni_group<2>, &vnni_group<3>, &vnni_group<4>,
                              &vnni_group<5>, &vnni_group<6>, &vnni_group<7>, &vnni_group<8>};
 
 struct Job {
@@ -210,12 +205,12 @@ struct Job {
   float* y;                // [m, n]
 };
 
-// task i: groups [i * span, (i + 1) * span) for every row, in row blocks of up to 16 (VNNI: 8)
+// task i: groups [i * span, (i + 1) * span) for every row, in row blocks of up to kTileRows (VNNI: kVnniRows)
 void run_task(void* data, size_t i) {
   const auto* job = static_cast<const Job*>(data);
   const int64_t g0 = static_cast<int64_t>(i) * job->span;
   const int64_t g_end = std::min<int64_t>(job->p->groups, g0 + job->span);
-  const int block = job->amx ? kTileRows : 8;
+  const int block = job->amx ? kTileRows : kVnniRows;
   for (int64_t row0 = 0; row0 < job->m; row0 += block) {
     const int rows = static_cast<int>(std::min<int64_t>(block, job->m - row0));
     if (job->amx) {
@@ -241,7 +236,7 @@ struct MatMulInt8Kernel {
 
   MatMulInt8Kernel(const OrtApi&, const OrtKernelInfo* info) {
     Ort::ConstKernelInfo k(info);
-    if (!cpu_has_vnni()) ORT_CXX_API_THROW("specrt MatMulInt8: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
+    if (!specrt_matmul_nbits_runs()) ORT_CXX_API_THROW("specrt MatMulInt8: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
     int constant_b = 0, constant_s = 0;
     auto b = k.GetTensorConstantInput(1, &constant_b), s = k.GetTensorConstantInput(3, &constant_s);
     if (!constant_b || !constant_s)
@@ -316,7 +311,7 @@ MatMulInt8Op matmul_int8_op;
 }  // namespace
 
 const OrtCustomOp* specrt_matmul_int8_op() { return &matmul_int8_op; }
-bool specrt_matmul_int8_runs() { return cpu_has_vnni() && cpu_has_amx(); }
+bool specrt_matmul_int8_runs() { return specrt_matmul_nbits_runs() && cpu_has_amx(); }
 #else
 const OrtCustomOp* specrt_matmul_int8_op() { return nullptr; }
 bool specrt_matmul_int8_runs() { return false; }

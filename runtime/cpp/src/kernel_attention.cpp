@@ -175,13 +175,13 @@ std::vector<int64_t> int64_values(const std::string &b, const Field &tensor) {
 }
 
 // The nodes folded into the int4 matmuls (custom_ops/__init__.py fuse_swiglu and fuse_norms, the same rules).
-struct Rewrite {  // a matmul's inputs and outputs once folded, and the attributes it gains (AttributeProtos)
+struct Rewrite {  // a matmul's inputs and outputs once folded, the attributes it gains (AttributeProtos), its new op
   std::vector<std::string> inputs, outputs;
-  std::string attributes;
+  std::string attributes, op;  // op: "" keeps the node's own
 };
 struct Fusions {
   std::map<size_t, Rewrite> matmuls;  // every renamed matmul (its index in the graph's fields) -> what it becomes
-  std::map<size_t, Rewrite> int8;     // MatMulIntegerToFloat -> the MatMulInt8 written in its place
+  int int8 = 0;                       // of them, MatMulIntegerToFloat nodes made MatMulInt8
   std::map<size_t, size_t> placed;    // a folded norm -> the matmul written where it stood
   std::set<size_t> dropped;           // the fields removed: folded nodes, split sizes nothing reads, moved matmuls
 };
@@ -376,8 +376,9 @@ void fold_int8(const std::string &b, const std::vector<Field> &items, const std:
       continue;
     std::vector<std::string> inputs = mm.inputs;
     inputs.push_back(scale);
-    out.int8[k] = {inputs, mul.output_names, ""};
+    out.matmuls[k] = {inputs, mul.output_names, "", "MatMulInt8"};
     out.dropped.insert(readers[0]);
+    ++out.int8;
   }
 }
 
@@ -446,42 +447,34 @@ std::string kernel_attention_model(const std::string &model, bool matmul, int &n
   if (!nodes) return "";
   Fusions fused;
   for (size_t k = 0; k < items.size(); ++k)
-    if (renamed_matmul[k]) fused.matmuls[k] = {graph_nodes[k].inputs, graph_nodes[k].output_names, ""};
+    if (renamed_matmul[k]) fused.matmuls[k] = {graph_nodes[k].inputs, graph_nodes[k].output_names, "", ""};
   Readers readers = readers_of(model, items, graph_nodes);
   fold_swiglus(model, items, graph_nodes, readers, fused);
   fold_norms(graph_nodes, readers, fused);
   if (matmul && specrt_matmul_int8_runs()) fold_int8(model, items, graph_nodes, readers, fused);
-  matmuls += static_cast<int>(fused.int8.size());
+  matmuls += fused.int8;
   std::string new_graph;
   for (size_t k = 0; k < items.size(); ++k) {
     const auto placed = fused.placed.find(k);
     const size_t at = placed != fused.placed.end() ? placed->second : k;  // the node written here
     if (placed == fused.placed.end() && fused.dropped.count(k)) continue;
-    if (const auto int8 = fused.int8.find(at); int8 != fused.int8.end()) {  // every field but inputs, outputs, op, domain
-      std::string node;
-      for (const Field &f : fields(model, items[at].value, items[at].end))
-        if (f.number != 1 && f.number != 2 && f.number != 4 && f.number != 7) node.append(model, f.begin, f.end - f.begin);
-      for (const std::string &in : int8->second.inputs) put_bytes(node, 1, in);
-      for (const std::string &out : int8->second.outputs) put_bytes(node, 2, out);
-      put_bytes(node, 4, "MatMulInt8");
-      put_bytes(node, 7, kDomain);
-      put_bytes(new_graph, 1, node);
-      continue;
-    }
-    if (!renamed[at]) {
+    if (!renamed[at] && !fused.matmuls.count(at)) {
       new_graph.append(model, items[at].begin, items[at].end - items[at].begin);
       continue;
     }
     const auto rewrite = fused.matmuls.find(at);
     const bool matmul_node = rewrite != fused.matmuls.end();
-    std::string node;  // NodeProto: every field as it was but the domain (7) and a matmul's inputs (1), outputs (2)
+    const bool new_op = matmul_node && !rewrite->second.op.empty();
+    std::string node;  // NodeProto: every field as it was but the domain (7), a matmul's inputs (1), outputs (2), op (4)
     for (const Field &f : fields(model, items[at].value, items[at].end))
-      if (f.number != 7 && !(matmul_node && (f.number == 1 || f.number == 2))) node.append(model, f.begin, f.end - f.begin);
+      if (f.number != 7 && !(matmul_node && (f.number == 1 || f.number == 2)) && !(new_op && f.number == 4))
+        node.append(model, f.begin, f.end - f.begin);
     if (matmul_node) {
       for (const std::string &in : rewrite->second.inputs) put_bytes(node, 1, in);
       for (const std::string &out : rewrite->second.outputs) put_bytes(node, 2, out);
       node += rewrite->second.attributes;
     }
+    if (new_op) put_bytes(node, 4, rewrite->second.op);
     put_bytes(node, 7, kDomain);
     put_bytes(new_graph, 1, node);
   }
