@@ -196,8 +196,8 @@ class DecodeCore:
         updates = [self._emit(row, new, lp) for row, new, lp in zip(rows, news, logprobs)]
         self._observe(rows, updates, news, keeps, out, work)
         self._score_shadows(rows, shadows, news)
-        for row, update in zip(rows, updates):
-            if update.finish_reason:
+        for row, update in reversed(list(zip(rows, updates))):  # the last slot first: a leaving row's hole is
+            if update.finish_reason:  # filled by moving the last row, which must not be one that leaves too
                 self._free(row)
         decision = decisions[next(m for m in self.proposers if m in decisions)]
         tokens, seconds, positions = sum(map(len, news)), time.perf_counter() - t0, out.logits.shape[0] * out.logits.shape[1]
@@ -258,7 +258,7 @@ class DecodeCore:
         that their lengths are known (``chain_cut``: one row's long match does not pay for every row's padding); a
         method whose rows are all cut to nothing runs a plain step (reason "cut"). Other rows (a fixed γ, a probe, forced
         tokens, a sampled draft) run whole; with a tree in the pass nothing is cut."""
-        if any(p.tree is not None for p in proposals):
+        if any(p.tree is not None for p in proposals) or not any(len(p.tokens) for p in proposals):
             return proposals, decisions
         free = [p.q is None and not p.forced and row.request.gamma is None and decisions[row.method].reason == "policy"
                 for row, p in zip(rows, proposals)]
