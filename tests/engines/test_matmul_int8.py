@@ -9,18 +9,13 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import KernelError, attention_library, fuse_int8_matmuls, matmul_code
-from test_matmul_kernel import session  # an ONNX Runtime session of 2 threads, with the kernels' library if given
+from specrt.custom_ops import fuse_int8_matmuls
+from test_matmul_kernel import kernel_library, session  # the kernels' library or a skip; a session of 2 threads
 
 
 @pytest.fixture(scope="module")
 def library():
-    if not matmul_code():
-        pytest.skip("specrt's int8 matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
-    try:
-        return attention_library()
-    except KernelError as e:
-        pytest.skip(str(e).splitlines()[0])
+    return kernel_library("int8")
 
 
 def int8_model(k: int, n: int, seed: int = 0, per_row: bool = True, mul_by=None, y_out: bool = False):

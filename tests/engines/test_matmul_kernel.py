@@ -16,14 +16,19 @@ from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
 
 
-@pytest.fixture(scope="module")
-def library():
+def kernel_library(kernel: str) -> str:
+    """The kernels' library, or a skip naming what specrt's ``kernel`` ("int4", "int8") matmul needs."""
     if not matmul_code():
-        pytest.skip("specrt's int4 matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
+        pytest.skip(f"specrt's {kernel} matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
     try:
         return attention_library()
     except KernelError as e:
         pytest.skip(str(e).splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def library():
+    return kernel_library("int4")
 
 
 def matmul_model(k: int, n: int, domain: str = "com.microsoft", seed: int = 0, weights_as_input: bool = False,
