@@ -15,6 +15,11 @@ A one-row chain call (a decode step, a chain's verify pass: Q <= ``CHAIN_Q``) ru
 bound once per (slot, Q) (``ChainArrays``): it writes the tokens and positions in place and rebinds
 only the mask.
 
+A pass whose rows run in one call (the core's batch, in slot order) returns that call's bound outputs, not a copy
+(16 rows of SmolLM2's logits: 3.1 MB a position, 0.23 ms a copy): they hold until the runner's next call (every
+binding writes one memory), so a caller copies what it keeps past its next ``forward``; a pass of several calls
+copies each call's out.
+
 Several rows run in ONE call per run of consecutive slots (the core's batch: slots 0..B-1): with Q = 1
 through the fused graph, with Q > 1 (a batch's verify pass: chains of any lengths, trees) through its
 batched twin (``batched_file``, export/batched_graph.py), the same model and cache binding with
@@ -146,13 +151,21 @@ class InPlaceRunner(Runner):
             return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
         positions = self.positions(lengths, q, depths)
+        groups = self._groups(slots, lengths, q)
+        if r > 1 and len(groups) == 1 and np.array_equal(groups[0], np.arange(r)):  # one call, rows in slot order:
+            outputs = self._timed(self._run, r, q, record, groups[0], slots, ids, lengths, positions, blocks)
+            return Pass(slots, outputs["logits"], outputs, lengths)  # its bound outputs, not copied
         logits = np.empty((r, q, self.vocab_size), dtype=np.float32)  # every row's Q positions written by its call
         feats = {n: np.empty((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
-        groups = self._groups(slots, lengths, q)
 
         def run_groups():
             for rows in groups:
-                self._run(rows, slots, ids, lengths, positions, blocks, logits, feats)
+                outputs = self._run(rows, slots, ids, lengths, positions, blocks)
+                n = outputs["logits"].shape[1]
+                at = slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] == len(rows) - 1 else rows  # a block copy
+                for whole, part in ((logits, outputs["logits"]), *((f, outputs[name]) for name, f in feats.items())):
+                    whole[at, :n] = part  # copied out: the next call of this shape rewrites the bound buffers
+                    whole[at, n:] = 0  # (a row alone at the cache's end: its cut padding)
 
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
@@ -201,8 +214,10 @@ class InPlaceRunner(Runner):
         outputs = {name: out.copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
         return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
-    def _run(self, rows, slots, ids, lengths, positions, blocks, logits, feats) -> None:
-        """One graph call over ``rows`` (indices into the pass; their slots are consecutive)."""
+    def _run(self, rows, slots, ids, lengths, positions, blocks) -> dict[str, np.ndarray]:
+        """One graph call over ``rows`` (indices into the pass; their slots are consecutive): its outputs (logits and
+        features, [len(rows), n, width] each, n = Q or less for a row alone at the cache's end) as bound, rewritten
+        by the binding's next call."""
         q = ids.shape[1]
         lens = lengths[rows]
         n = min(q, self.max_len - int(lens.max()))  # padding that would run past the cache is cut
@@ -218,13 +233,10 @@ class InPlaceRunner(Runner):
         b = self.binding(int(slots[rows[0]]), len(rows), twin=len(rows) > 1 and n > 1)
         b.inputs(input_ids=ids[rows, :n], position_ids=positions[rows, :n], attention_mask=mask,
                  seqlens_k=(lens + n - 1).astype(np.int32), total_sequence_length=np.array(total, dtype=np.int32))
-        out_logits = b.output("logits", (len(rows), n, self.vocab_size))
-        out_feats = {name: b.output(name, (len(rows), n, f.shape[-1])) for name, f in feats.items()}
+        widths = {"logits": self.vocab_size, **self.features}
+        outputs = {name: b.output(name, (len(rows), n, width)) for name, width in widths.items()}
         b.run()
-        at = slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] == len(rows) - 1 else rows  # a block copy where it can
-        for whole, part in ((logits, out_logits), *((f, out_feats[name]) for name, f in feats.items())):
-            whole[at, :n] = part  # copied out: the next call of this shape rewrites the bound buffers
-            whole[at, n:] = 0  # (a row alone at the cache's end: its cut padding)
+        return outputs
 
     def commit(self, p: Pass, keep=None) -> None:
         """Make row r's new positions ``keep[r]`` (ascending indices into Q; None: all Q) valid."""

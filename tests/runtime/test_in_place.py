@@ -205,20 +205,24 @@ def test_a_row_whose_padding_runs_past_the_cache_runs_alone(runners, monkeypatch
     assert not p.logits[2, 2:].any()  # the cut padding's logits are zeros, not what the memory held
 
 
-def test_calls_of_every_shape_write_one_memory_and_each_pass_keeps_its_logits(runners):
+def test_calls_of_every_shape_write_one_memory_and_a_pass_of_several_calls_keeps_its_logits(runners):
     """The bindings' outputs are views into the runner's ``output_memory`` (one flat array per output, grown to the
-    largest call), not an array per binding and shape: its pages are mapped once. A pass copies its logits out, so
-    a later call of another shape leaves it as it was."""
+    largest call), not an array per binding and shape: its pages are mapped once. A pass that is one call returns its
+    outputs there, not copied (valid until the runner's next call: the core reads them within its step); a pass of
+    several calls copies each call's out, so a later call of another shape leaves it as it was."""
     pair = runners(stale=1e4)  # (the twin reads shorter rows' stale entries, masked: finite garbage, not NaN)
     for slot, p in enumerate([[3, 5, 7, 9], list(range(1, 13)), [2, 4, 6]]):
         for r in pair:
             r.prefill(slot, p)
-    first = both(pair, [0, 1, 2], [[4, 5], [6, 7], [8, 9]])[0]  # 3 rows x 2: the twin
-    kept = first.logits.copy()
+    a = pair[0]
+    one_call = both(pair, [0, 1, 2], [[4, 5], [6, 7], [8, 9]])[0]  # 3 rows x 2: the twin, one call
+    assert np.shares_memory(one_call.logits, a.output_memory["logits"])
+    two_calls = both(pair, [0, 2], [[4, 5], [8, 9]])[0]  # slots 0 and 2: not consecutive, a call each
+    assert not np.shares_memory(two_calls.logits, a.output_memory["logits"])
+    kept = two_calls.logits.copy()
     both(pair, [0, 1, 2], [[4, 5, 6, 7]] * 3)  # 3 x 4: the memory grows
     both(pair, [0, 1], [[1], [2]])  # 2 x 1: the fused graph
-    np.testing.assert_array_equal(first.logits, kept)
-    a = pair[0]
+    np.testing.assert_array_equal(two_calls.logits, kept)
     memory = a.output_memory["logits"]
     assert memory.size == 3 * 4 * a.vocab_size
     assert all(np.shares_memory(b.outputs["logits"], memory) for b in a.bindings.values())

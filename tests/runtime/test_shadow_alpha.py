@@ -49,7 +49,7 @@ def shadow_core(rt, method: str, batch: int):
     def recording_forward(*args, **kwargs):
         out = forward(*args, **kwargs)
         if kwargs.get("record", True):  # a step's pass (prefill passes record=False)
-            seen.append([out.logits])
+            seen.append([out.logits.copy()])  # a one-call pass returns its bound outputs: kept, they are copied
         return out
 
     def recording_score(rows, shadows, news):
