@@ -274,13 +274,14 @@ class DecodeCore:
 
     def _shadows(self, rows: list[Row], decisions: dict, proposals: list[Proposal]) -> list[int | None]:
         """Per row the one token its proposer would propose, for the rows of a ``shadow`` proposer (a lookup of no
-        model cost) whose policy chose a plain step (not a fixed γ, theirs or the config's) and that propose
-        nothing this step, at most ``SHADOW_ROWS`` of them a step (in turns); None for the others and where the
-        lookup (or the row's grammar) leaves nothing."""
+        model cost) whose policy chose a plain step (not a fixed γ, theirs or the config's; not the guard's, where
+        measured rates keep speculation off, not α, and its re-measuring steps measure α) and that propose nothing
+        this step, at most ``SHADOW_ROWS`` of them a step (in turns); None for the others and where the lookup (or
+        the row's grammar) leaves nothing."""
         out = [None] * len(rows)
         for method, proposer in self.proposers.items():
             decision = decisions.get(method)  # None: no row of this method
-            if decision is None or decision.gamma > 0 or decision.reason == "fixed" or not proposer.shadow:
+            if decision is None or decision.gamma > 0 or decision.reason in ("fixed", "guard") or not proposer.shadow:
                 continue
             group = [b for b, row in enumerate(rows) if row.method == method and row.request.gamma is None
                      and not len(proposals[b].tokens) and self._room(row, 1)]
