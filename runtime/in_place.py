@@ -164,7 +164,7 @@ class InPlaceRunner(Runner):
                 n = outputs["logits"].shape[1]
                 at = slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] == len(rows) - 1 else rows  # a block copy
                 for whole, part in ((logits, outputs["logits"]), *((f, outputs[name]) for name, f in feats.items())):
-                    whole[at, :n] = part  # copied out: the next call of this shape rewrites the bound buffers
+                    whole[at, :n] = part  # copied out: the runner's next call rewrites the bound buffers
                     whole[at, n:] = 0  # (a row alone at the cache's end: its cut padding)
 
         self._timed(run_groups, r, q, record)
@@ -217,7 +217,7 @@ class InPlaceRunner(Runner):
     def _run(self, rows, slots, ids, lengths, positions, blocks) -> dict[str, np.ndarray]:
         """One graph call over ``rows`` (indices into the pass; their slots are consecutive): its outputs (logits and
         features, [len(rows), n, width] each, n = Q or less for a row alone at the cache's end) as bound, rewritten
-        by the binding's next call."""
+        by the runner's next call (every binding writes one memory)."""
         q = ids.shape[1]
         lens = lengths[rows]
         n = min(q, self.max_len - int(lens.max()))  # padding that would run past the cache is cut
