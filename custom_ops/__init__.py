@@ -9,6 +9,7 @@
     vector_code()              whether this CPU runs the kernel's vector code (AVX-512 or AVX2)
     use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
                                that kernel computes; returns how many
+    take_token_slots(m)        gives those nodes a new graph input, ``token_slots``: calls of rows without padding
     matmul_code()              whether this CPU runs the int4 matmul (AVX-512 VNNI)
     use_specrt_matmul(m)       the same for the MatMulNBits nodes the int4 matmul computes
     fuse_swiglu(m)             folds each SwiGLU activation (Split, Sigmoid, two Muls) into the int4 matmul before it
@@ -168,6 +169,31 @@ def use_specrt_attention(model) -> int:
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return len(nodes)
+
+
+TOKEN_SLOTS = "token_slots"  # the graph input of packed calls (``take_token_slots``)
+
+
+def take_token_slots(model) -> bool:
+    """Give every ai.specrt GroupQueryAttention node of ``model`` (already renamed) the kernel's 12th input, a new
+    graph input ``token_slots`` int64 [N]: the graph then runs packed calls. ``input_ids`` / ``position_ids`` [1, N]
+    hold every row's tokens one run after the other, ``token_slots`` [N] the cache row of each token, the cache is
+    bound whole (``seqlens_k``: one per cache row) and ``attention_mask`` is [1, 1, N, T]: rows of different lengths
+    in one call, no padding. False (nothing changed) where no node is renamed or the nodes take a mask the graph
+    derives (a sliding window), which a packed call's tokens could not follow.
+
+        >>> take_token_slots(fused_model)  # SmolLM2-135M's fused graph, after use_specrt_attention  # doctest: +SKIP
+        True
+    """
+    from onnx import TensorProto, helper
+
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == DOMAIN]
+    if not nodes or any(len(n.input) != 11 or n.input[10] != "attention_mask" for n in nodes):
+        return False
+    for node in nodes:
+        node.input.append(TOKEN_SLOTS)
+    model.graph.input.append(helper.make_tensor_value_info(TOKEN_SLOTS, TensorProto.INT64, ["tokens"]))
+    return True
 
 
 MATMUL_ATTRIBUTES = {"bits": 4, "block_size": 32, "accuracy_level": 4}  # what the int4 matmul computes (and K, N)

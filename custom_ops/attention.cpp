@@ -291,15 +291,22 @@ struct Shapes {
   int64_t batch, seq, heads, kv_heads, head_dim, capacity;  // B, S, H, Hkv, D, cache entries per row
 };
 
-// One call's inputs and outputs. Its work: per (row b, KV head g) the new K/V written into the cache
-// (write_entries), then per (b, g, a range of the group's query heads) those heads' query rows attended
+// A run of query tokens that share one cache row: tokens [first, first + count) of qkv's row ``batch`` (axis 1),
+// the last ``count`` of cache row ``slot``'s seqlens_k + 1 entries. A call without token_slots has one per row b,
+// {b, 0, S, b}; a packed call (qkv [1, N], token_slots [N]) one per run of equal slots.
+struct Segment {
+  int64_t batch, first, count, slot;
+};
+
+// One call's inputs and outputs. Its work: per (segment, KV head g) the new K/V written into the cache
+// (write_entries), then per (segment, g, a range of the group's query heads) those heads' query rows attended
 // over their causal prefixes (attend), in parallel.
 struct GroupJob {
   const Shapes* shape;
   const float* qkv;       // [B, S, (H + 2 Hkv) D]
-  float* k_cache;         // [B, Hkv, capacity, D]
+  float* k_cache;         // [slots, Hkv, capacity, D]
   float* v_cache;
-  const int32_t* seqlens; // [B] total entries - 1
+  const int32_t* seqlens; // [slots] total entries - 1
   const float* cos;       // [positions, D / 2]
   const float* sin;
   const int64_t* pos;     // [B, S]
@@ -307,17 +314,18 @@ struct GroupJob {
   int64_t bias_batch, bias_heads, bias_len;
   float scale;
   float* out;             // [B, S, H D]
+  std::vector<Segment> segments;
 };
 
-void write_entries(const GroupJob& j, int64_t b, int64_t g) {  // row b's new K (rotated) and V at [past, total)
+void write_entries(const GroupJob& j, const Segment& seg, int64_t g) {  // the new K (rotated) and V at [past, total)
   const Shapes& sh = *j.shape;
-  const int64_t S = sh.seq, D = sh.head_dim, W = (sh.heads + 2 * sh.kv_heads) * D, half = D / 2;
-  const int64_t past = j.seqlens[b] + 1 - S;
-  float* kc = j.k_cache + (b * sh.kv_heads + g) * sh.capacity * D;
-  float* vc = j.v_cache + (b * sh.kv_heads + g) * sh.capacity * D;
-  for (int64_t s = 0; s < S; ++s) {
-    const float* row = j.qkv + (b * S + s) * W;
-    const int64_t p = j.pos[b * S + s];
+  const int64_t D = sh.head_dim, W = (sh.heads + 2 * sh.kv_heads) * D, half = D / 2;
+  const int64_t past = j.seqlens[seg.slot] + 1 - seg.count, token0 = seg.batch * sh.seq + seg.first;
+  float* kc = j.k_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
+  float* vc = j.v_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
+  for (int64_t s = 0; s < seg.count; ++s) {
+    const float* row = j.qkv + (token0 + s) * W;
+    const int64_t p = j.pos[token0 + s];
     float* k = kc + (past + s) * D;
     std::memcpy(k, row + (sh.heads + g) * D, D * sizeof(float));
     rotate(k, j.cos + p * half, j.sin + p * half, static_cast<int>(D));
@@ -325,14 +333,14 @@ void write_entries(const GroupJob& j, int64_t b, int64_t g) {  // row b's new K 
   }
 }
 
-// The query rows of heads g * G + [h0, h1) of row b: rotated, scored against the group's cache in blocks of
+// The query rows of heads g * G + [h0, h1) of a segment: rotated, scored against the group's cache in blocks of
 // 16 entries, softmax, weighted sum of V. Row (h, s) never depends on the other rows.
-void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std::vector<float>& scratch) {
+void attend(const GroupJob& j, const Segment& seg, int64_t g, int64_t h0, int64_t h1, std::vector<float>& scratch) {
   const Shapes& sh = *j.shape;
-  const int64_t S = sh.seq, D = sh.head_dim, G = sh.heads / sh.kv_heads, W = (sh.heads + 2 * sh.kv_heads) * D;
-  const int64_t total = j.seqlens[b] + 1, past = total - S, half = D / 2;
-  const float* kc = j.k_cache + (b * sh.kv_heads + g) * sh.capacity * D;
-  const float* vc = j.v_cache + (b * sh.kv_heads + g) * sh.capacity * D;
+  const int64_t S = seg.count, D = sh.head_dim, G = sh.heads / sh.kv_heads, W = (sh.heads + 2 * sh.kv_heads) * D;
+  const int64_t total = j.seqlens[seg.slot] + 1, past = total - S, half = D / 2, token0 = seg.batch * sh.seq + seg.first;
+  const float* kc = j.k_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
+  const float* vc = j.v_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
   const int64_t rows = (h1 - h0) * S;
   const int64_t padded = (total + 15) / 16 * 16;  // scores in blocks of 16 entries, the last one zero-padded
   scratch.resize(rows * D + rows * padded + rows * D + 16 * D);
@@ -344,8 +352,8 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
   for (int64_t h = 0; h < h1 - h0; ++h)
     for (int64_t s = 0; s < S; ++s) {
       float* qr = q + (h * S + s) * D;
-      const int64_t p = j.pos[b * S + s];
-      std::memcpy(qr, j.qkv + (b * S + s) * W + (g * G + h0 + h) * D, D * sizeof(float));
+      const int64_t p = j.pos[token0 + s];
+      std::memcpy(qr, j.qkv + (token0 + s) * W + (g * G + h0 + h) * D, D * sizeof(float));
       rotate(qr, j.cos + p * half, j.sin + p * half, static_cast<int>(D));
     }
   for (int64_t t0 = 0; t0 < padded; t0 += 16) {  // one pass over K: every row's scores of 16 entries
@@ -362,8 +370,8 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
     float* x = score + r * padded;
     const float* bias = nullptr;
     if (j.bias) {
-      const int64_t bb = j.bias_batch == 1 ? 0 : b, bh = j.bias_heads == 1 ? 0 : g * G + h0 + h;
-      bias = j.bias + ((bb * j.bias_heads + bh) * S + s) * j.bias_len;
+      const int64_t bb = j.bias_batch == 1 ? 0 : seg.batch, bh = j.bias_heads == 1 ? 0 : g * G + h0 + h;
+      bias = j.bias + ((bb * j.bias_heads + bh) * sh.seq + seg.first + s) * j.bias_len;
     }
     softmax(x, bias, j.scale, causal(r), padded);
   }
@@ -387,20 +395,45 @@ void attend(const GroupJob& j, int64_t b, int64_t g, int64_t h0, int64_t h1, std
   }
   for (int64_t h = 0; h < h1 - h0; ++h)
     for (int64_t s = 0; s < S; ++s)
-      std::memcpy(j.out + ((b * S + s) * sh.heads + g * G + h0 + h) * D, acc + (h * S + s) * D, D * sizeof(float));
+      std::memcpy(j.out + ((token0 + s) * sh.heads + g * G + h0 + h) * D, acc + (h * S + s) * D, D * sizeof(float));
 }
 
 struct ParallelArgs {
   const GroupJob* job;
-  int64_t kv_heads, parts, group;  // task i = (b, g, part): part p of the group's query heads
+  int64_t kv_heads, parts, group;  // task i = (segment, g, part): part p of the group's query heads
 };
 
 void run_task(void* data, size_t i) {
   const auto* a = static_cast<const ParallelArgs*>(data);
   thread_local std::vector<float> scratch;
-  const int64_t task = static_cast<int64_t>(i), part = task % a->parts, bg = task / a->parts;
+  const int64_t task = static_cast<int64_t>(i), part = task % a->parts, sg = task / a->parts;
   const int64_t h0 = a->group * part / a->parts, h1 = a->group * (part + 1) / a->parts;
-  attend(*a->job, bg / a->kv_heads, bg % a->kv_heads, h0, h1, scratch);
+  attend(*a->job, a->job->segments[sg / a->kv_heads], sg % a->kv_heads, h0, h1, scratch);
+}
+
+// The call's segments: one per row b without token_slots (every cache row its own, cache rows = B); with them
+// (qkv [1, N], token_slots [N]) one per run of equal slots, each slot in one run at most. Throws on anything else.
+std::vector<Segment> segments(const Shapes& sh, int64_t slots, const int64_t* token_slots) {
+  std::vector<Segment> out;
+  if (!token_slots) {
+    if (slots != sh.batch) ORT_CXX_API_THROW("specrt GroupQueryAttention: the cache's rows differ from qkv's", ORT_INVALID_ARGUMENT);
+    for (int64_t b = 0; b < sh.batch; ++b) out.push_back({b, 0, sh.seq, b});
+    return out;
+  }
+  if (sh.batch != 1) ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots needs qkv [1, N]", ORT_INVALID_ARGUMENT);
+  std::vector<bool> seen(static_cast<size_t>(slots), false);
+  for (int64_t t = 0; t < sh.seq; ++t) {
+    const int64_t slot = token_slots[t];
+    if (slot < 0 || slot >= slots) ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots outside the cache", ORT_INVALID_ARGUMENT);
+    if (!out.empty() && out.back().slot == slot) {
+      ++out.back().count;
+      continue;
+    }
+    if (seen[slot]) ORT_CXX_API_THROW("specrt GroupQueryAttention: a slot's tokens must be consecutive", ORT_INVALID_ARGUMENT);
+    seen[slot] = true;
+    out.push_back({0, t, 1, slot});
+  }
+  return out;
 }
 
 struct AttentionKernel {
@@ -422,29 +455,42 @@ struct AttentionKernel {
     Shapes sh{qs[0], qs[1], heads, kv_heads, cs[3], cs[2]};
     if (qs[2] != (heads + 2 * kv_heads) * sh.head_dim || sh.head_dim % kLanes || heads % kv_heads)
       ORT_CXX_API_THROW("specrt GroupQueryAttention: unsupported shapes", ORT_INVALID_ARGUMENT);
-    const int32_t* lens = seqlens.GetTensorData<int32_t>();
+    const int64_t* token_slots = nullptr;  // input 11, optional: a packed call's cache row per token
+    if (ctx.GetInputCount() > 11) {
+      auto packed = ctx.GetInput(11);
+      if (packed && packed.GetTensorTypeAndShapeInfo().GetElementCount() > 0) {
+        if (packed.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(sh.batch * sh.seq))
+          ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots must hold one slot per token", ORT_INVALID_ARGUMENT);
+        token_slots = packed.GetTensorData<int64_t>();
+      }
+    }
+    GroupJob job{&sh, qkv.GetTensorData<float>(), nullptr, nullptr, seqlens.GetTensorData<int32_t>(),
+                 cos.GetTensorData<float>(), sin.GetTensorData<float>(), pos.GetTensorData<int64_t>(), nullptr, 1, 1,
+                 0, scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(sh.head_dim)) : scale, nullptr,
+                 segments(sh, cs[0], token_slots)};
+    if (static_cast<int64_t>(seqlens.GetTensorTypeAndShapeInfo().GetElementCount()) != cs[0])
+      ORT_CXX_API_THROW("specrt GroupQueryAttention: seqlens_k must hold one length per cache row", ORT_INVALID_ARGUMENT);
     const int64_t positions = cos.GetTensorTypeAndShapeInfo().GetShape()[0];
-    const int64_t* ids = pos.GetTensorData<int64_t>();
     int64_t longest = 0;
-    for (int64_t b = 0; b < sh.batch; ++b) {
-      if (lens[b] + 1 > sh.capacity || lens[b] + 1 < sh.seq)
+    for (const Segment& seg : job.segments) {
+      const int64_t total = job.seqlens[seg.slot] + 1;
+      if (total > sh.capacity || total < seg.count)
         ORT_CXX_API_THROW("specrt GroupQueryAttention: seqlens_k out of the cache", ORT_INVALID_ARGUMENT);
-      longest = std::max<int64_t>(longest, lens[b] + 1);
-      for (int64_t s = 0; s < sh.seq; ++s)
-        if (ids[b * sh.seq + s] < 0 || ids[b * sh.seq + s] >= positions)
+      longest = std::max(longest, total);
+      for (int64_t s = 0; s < seg.count; ++s) {
+        const int64_t p = job.pos[seg.batch * sh.seq + seg.first + s];
+        if (p < 0 || p >= positions)
           ORT_CXX_API_THROW("specrt GroupQueryAttention: position_ids out of the rotary caches", ORT_INVALID_ARGUMENT);
+      }
     }
     auto out = ctx.GetOutput(0, {sh.batch, sh.seq, heads * sh.head_dim});
     auto present_k = ctx.GetOutput(1, cs), present_v = ctx.GetOutput(2, cs);
-    float* kc = present_k.GetTensorMutableData<float>();
-    float* vc = present_v.GetTensorMutableData<float>();
-    const size_t cache_bytes = sh.batch * kv_heads * sh.capacity * sh.head_dim * sizeof(float);
-    if (kc != past_k.GetTensorData<float>()) std::memcpy(kc, past_k.GetTensorData<float>(), cache_bytes);
-    if (vc != past_v.GetTensorData<float>()) std::memcpy(vc, past_v.GetTensorData<float>(), cache_bytes);
-    GroupJob job{&sh, qkv.GetTensorData<float>(), kc, vc, lens, cos.GetTensorData<float>(),
-                 sin.GetTensorData<float>(), pos.GetTensorData<int64_t>(), nullptr, 1, 1, 0,
-                 scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(sh.head_dim)) : scale,
-                 out.GetTensorMutableData<float>()};
+    job.k_cache = present_k.GetTensorMutableData<float>();
+    job.v_cache = present_v.GetTensorMutableData<float>();
+    job.out = out.GetTensorMutableData<float>();
+    const size_t cache_bytes = cs[0] * kv_heads * sh.capacity * sh.head_dim * sizeof(float);
+    if (job.k_cache != past_k.GetTensorData<float>()) std::memcpy(job.k_cache, past_k.GetTensorData<float>(), cache_bytes);
+    if (job.v_cache != past_v.GetTensorData<float>()) std::memcpy(job.v_cache, past_v.GetTensorData<float>(), cache_bytes);
     if (ctx.GetInputCount() > 10) {
       auto bias = ctx.GetInput(10);
       if (bias) {
@@ -458,13 +504,13 @@ struct AttentionKernel {
         job.bias_len = bs[3];
       }
     }
-    for (int64_t b = 0; b < sh.batch; ++b)
-      for (int64_t g = 0; g < kv_heads; ++g) write_entries(job, b, g);
-    // a task per (row, KV head); with few of them and many query rows (a verify pass), one per query head too,
+    for (const Segment& seg : job.segments)
+      for (int64_t g = 0; g < kv_heads; ++g) write_entries(job, seg, g);
+    // a task per (segment, KV head); with few of them and many query rows (a verify pass), one per query head too,
     // to fill the pool (a decode step's few rows run faster together: they share each K block's loads)
-    const int64_t group = heads / kv_heads;
-    ParallelArgs args{&job, kv_heads, sh.batch * kv_heads < 8 && group * sh.seq > 6 ? group : 1, group};
-    ctx.ParallelFor(run_task, static_cast<size_t>(sh.batch * kv_heads * args.parts), 0, &args);
+    const int64_t group = heads / kv_heads, count = static_cast<int64_t>(job.segments.size());
+    ParallelArgs args{&job, kv_heads, count * kv_heads < 8 && group * sh.batch * sh.seq > 6 * count ? group : 1, group};
+    ctx.ParallelFor(run_task, static_cast<size_t>(count * kv_heads * args.parts), 0, &args);
   }
 };
 
@@ -472,14 +518,14 @@ struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel> {
   void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new AttentionKernel(api, info); }
   const char* GetName() const { return "GroupQueryAttention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 11; }
+  size_t GetInputTypeCount() const { return 12; }  // GroupQueryAttention's 11, then token_slots (packed calls)
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i == 5 || i == 6) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-    if (i == 9) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    if (i == 9 || i == 11) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return (i == 1 || i == 2 || i == 10) ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+    return (i == 1 || i == 2 || i == 10 || i == 11) ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
                                          : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 3; }

@@ -107,22 +107,25 @@ class OrtEngine:
         self.io_binding = gpu if io_binding is None else bool(io_binding)
         self.device_id = device_id
 
-    def open(self, path: Path):
+    def open(self, path: Path, packed: bool = False):
         """An ``InferenceSession`` of the graph at ``path`` with this engine's options and providers (its
-        sibling graphs open through it too), its attention nodes on specrt's kernel where ``attention`` says so."""
+        sibling graphs open through it too), its attention nodes on specrt's kernel where ``attention`` says so;
+        ``packed``: with the input ``token_slots`` too where that kernel runs it (custom_ops.take_token_slots;
+        ``session.specrt_packed`` says whether it does)."""
         import onnxruntime as ort
 
-        model, nodes, matmuls = str(path), 0, 0
+        model, nodes, matmuls, packs = str(path), 0, 0, False
         if self.attention == "specrt":
-            model, nodes, matmuls = specrt_attention_model(path, self.options, self._registered,
-                                                           warn=self.attention_asked == "specrt",
-                                                           matmul=self.matmul == "specrt")
+            model, nodes, matmuls, packs = specrt_attention_model(path, self.options, self._registered,
+                                                                  warn=self.attention_asked == "specrt",
+                                                                  matmul=self.matmul == "specrt", packed=packed)
         try:
             session = ort.InferenceSession(model, sess_options=self.options, providers=self.providers)
         except Exception as e:  # ORT raises its own Fail/InvalidGraph types
             raise EngineError(f"ONNX Runtime cannot load {path.name}: {str(e).splitlines()[0]}") from None
         session.specrt_attention = nodes  # attention nodes on specrt's kernel
         session.specrt_matmuls = matmuls  # int4 MatMulNBits and int8 MatMulIntegerToFloat nodes on specrt's matmuls
+        session.specrt_packed = packs  # whether it takes ``token_slots`` (custom_ops.take_token_slots)
         return session
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -171,29 +174,32 @@ def resolve_matmul(matmul: str | None, on_cpu: bool) -> str:
     return "specrt" if matmul == "specrt" or (matmul == "auto" and on_cpu and matmul_code()) else "ort"
 
 
-def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True, matmul: bool = False) -> tuple:
+def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True, matmul: bool = False,
+                           packed: bool = False) -> tuple:
     """(the graph at ``path`` as bytes with its attention nodes renamed to specrt's kernel, how many, and with
     ``matmul`` its int4 MatMulNBits nodes renamed to specrt's matmul, their SwiGLU activations and RMS norms folded
-    in, how many), the kernel library registered
-    in ``opts`` unless ``registered`` (the libraries already there, updated) has it; (str(path), 0, 0) for a
+    in, how many, and with ``packed`` whether it takes packed calls: ``custom_ops.take_token_slots``), the kernel
+    library registered in ``opts`` unless ``registered`` (the libraries already there, updated) has it;
+    (str(path), 0, 0, False) for a
     graph without such attention nodes. Its external weights stay where they are: ``opts`` must name
     ``path``'s folder (session.model_external_initializers_file_folder_path). ``warn``: say so when the graph's
     attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
     from ..custom_ops import (KernelError, attention_library, fuse_int8_matmuls, fuse_norms, fuse_swiglu, int8_code,
-                              use_specrt_attention, use_specrt_matmul)
+                              take_token_slots, use_specrt_attention, use_specrt_matmul)
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # a corrupt file: protobuf's DecodeError, ...
         raise EngineError(f"ONNX Runtime cannot load {path.name}: not an ONNX model ({str(e).splitlines()[0]})") from None
     nodes = use_specrt_attention(proto)
+    packed = packed and bool(nodes) and take_token_slots(proto)  # rows of different lengths in one call
     if not nodes:
         if warn and any(n.op_type == "GroupQueryAttention" for n in proto.graph.node):
             warnings.warn(f"{path.name}: its attention uses options specrt's kernel does not implement (a window, "
                           "a softcap, ...): it runs on ONNX Runtime's", stacklevel=4)
-        return str(path), 0, 0
+        return str(path), 0, 0, False
     matmuls = use_specrt_matmul(proto) if matmul else 0
     if matmuls:
         fuse_swiglu(proto)  # the MLP's activation folded into its gate/up matmul: four ops a layer fewer
@@ -207,7 +213,7 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
     if library not in registered:
         opts.register_custom_ops_library(str(library))
         registered.add(library)
-    return proto.SerializeToString(), nodes, matmuls
+    return proto.SerializeToString(), nodes, matmuls, packed
 
 
 PROVIDER_ALIASES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",

@@ -259,19 +259,22 @@ class Runtime:
                      for m in methods}
         if proposer is not None:
             proposers[methods[0]] = proposer
-        policies = {m: self._policy(m, p, config, target_curve, runners["draft"][1] if m == "draft" else LatencyCurve())
-                    for m, p in proposers.items()}
+        policies = {m: self._policy(m, p, config, target_curve, runners["draft"][1] if m == "draft" else LatencyCurve(),
+                                    target.packs) for m, p in proposers.items()}
         return DecodeCore(config, target, proposers, policies, StopRules(self.tokenizer, self.eos_ids),
                           Limits(self.manifest.max_len, self.gamma_max, self.target.spec.geometry.vocab_size))
 
-    def _policy(self, method: str, proposer, config: CoreConfig, target_curve, draft_curve) -> SpeculationPolicy:
-        """The batch-aware γ policy of one method (the target's latency curve is shared by all of a core's)."""
+    def _policy(self, method: str, proposer, config: CoreConfig, target_curve, draft_curve,
+                packs: bool = False) -> SpeculationPolicy:
+        """The batch-aware γ policy of one method (the target's latency curve is shared by all of a core's);
+        ``packs``: the target runner packs rows (``Runner.packs``)."""
         cap = self.manifest.defaults.get("speculation_max_batch")
         tree = (proposer.max_nodes + 1, proposer.depth) if proposer.tree else None
+        draft_cost = method == "draft" or tree is not None
         return SpeculationPolicy(PolicyConfig(
             gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=method == "draft" or tree is not None, tree=tree, probe=not proposer.shadow),
+            draft_cost=draft_cost, tree=tree, probe=not proposer.shadow, packed=packs and not draft_cost),
             target_curve, draft_curve)
 
     @property

@@ -207,17 +207,23 @@ def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callabl
 
 def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callable[[int], float],
                  draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None,
-                 tree: tuple[int, int] | None = None, min_gain: float = MIN_GAIN) -> PolicyDecision:
+                 tree: tuple[int, int] | None = None, min_gain: float = MIN_GAIN, packed: bool = False) -> PolicyDecision:
     """The γ in 0..gamma_max (a tree method: 0 or 1 = its tree) with the highest predicted throughput for
     this batch (one α per sequence), if that beats γ = 0's by ``min_gain``; else 0.
 
     Pure: everything it uses is an argument. ``speculation_max_batch``: above this batch size
-    the answer is 0 (a measured cap; None = no cap).
+    the answer is 0 (a measured cap; None = no cap). ``packed``: the pass packs rows (each pays its own positions,
+    ``packed_cuts``) and proposals cost no draft passes (a lookup): the γ is the longest chain the best subset
+    of rows' chains takes, rows of higher α first.
     """
     if not alphas:
         return PolicyDecision(0, 1.0, "policy")
     if speculation_max_batch is not None and len(alphas) > speculation_max_batch:
         return PolicyDecision(0, 1.0, "cap")
+    if packed and tree is None:
+        cuts, gain = packed_cuts([gamma_max] * len(alphas), alphas,
+                                 packed_seconds(target_seconds, len(alphas), gamma_max), min_gain=min_gain)
+        return PolicyDecision(max(cuts), gain, "policy")
     choices = range(gamma_max + 1) if tree is None else range(2)
     rates = [step_throughput(g, alphas, target_seconds, draft_seconds, tree) for g in choices]
     best = int(np.argmax(rates))  # first maximum: the smaller γ on ties
@@ -250,6 +256,76 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: C
     return floor + best if rates[best] >= min_gain * rates[0] else floor
 
 
+def packed_seconds(target_seconds: Callable[[int], float], batch: int, gamma_max: int) -> Callable[[int], float]:
+    """Seconds of a packed pass over ``batch`` rows and m positions beyond each row's one: T(B) + m·s, with s a
+    position's share of a full verify pass at this batch size, (T(B·(γmax+1)) - T(B)) / (B·γmax). Not T(B + m):
+    the curve's points up to the largest batch are plain steps, where each position is another row attending over
+    its own cache (SmolLM2 int4, ~500 cached tokens: 1.5-3 ms a row at 8-12 rows, ~0.65 ms a verify position at 16).
+
+        >>> T = lambda n: 0.010 + 0.001 * n if n <= 4 else 0.012 + 0.0005 * n  # rows cost more than positions
+        >>> round(packed_seconds(T, 4, 4)(8), 4)  # 4 rows and 8 more positions: T(4) + 8 x (0.022 - 0.014) / 16
+        0.018
+    """
+    plain = target_seconds(batch)
+    share = max(0.0, target_seconds(batch * (gamma_max + 1)) - plain) / max(batch * gamma_max, 1)
+    return lambda m: plain + m * share
+
+
+def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: Callable[[int], float],
+                fixed: Sequence[bool] = (), min_gain: float = MIN_GAIN) -> tuple[list[int], float]:
+    """``chain_cut`` for a pass that packs rows (each row pays for its own positions, no padding; ``pass_seconds``:
+    m -> seconds of the pass with m positions beyond each row's one, ``packed_seconds``): per row how many of its
+    ``lengths`` proposed tokens it verifies, and the predicted tokens/s over the plain pass's.
+
+    Token j of row b's chain adds one position and α_b^j expected tokens (E[tokens](α, c) grows by α^(c+1)), so
+    the chains' tokens are taken best first, as long as the pass's predicted tokens per second grows; the cuts
+    stand where they beat the plain pass (only the rows in ``fixed``, which run whole: a fixed γ, forced tokens, a
+    sampled draft) by ``min_gain``, else every other row verifies none.
+
+        >>> T = lambda m: 0.008 + 0.001 * m  # four rows, m positions more
+        >>> packed_cuts([8, 0, 0, 0], [0.9] * 4, T)[0]  # one row's long match pays for its own positions
+        [4, 0, 0, 0]
+        >>> packed_cuts([8, 8, 8, 8], [0.9, 0.9, 0.2, 0.2], T)[0]  # rows whose guesses fail verify none
+        [4, 4, 0, 0]
+    """
+    fixed = list(fixed) or [False] * len(lengths)
+    tokens = sum(expected_tokens(a, k) if f else 1.0 for k, a, f in zip(lengths, alphas, fixed))
+    base = sum(k for k, f in zip(lengths, fixed) if f)
+    steps = sorted(((a ** j, b) for b, (k, a, f) in enumerate(zip(lengths, alphas, fixed)) if not f
+                    for j in range(1, k + 1)), reverse=True)  # (expected tokens it adds, row), best first
+    plain = best = tokens / max(pass_seconds(base), 1e-12)
+    taken = 0
+    for m, (value, _) in enumerate(steps, 1):
+        tokens += value
+        rate = tokens / max(pass_seconds(base + m), 1e-12)
+        if rate > best:
+            best, taken = rate, m
+    if best < min_gain * plain:
+        best, taken = plain, 0
+    cuts = [k if f else 0 for k, f in zip(lengths, fixed)]
+    for _, b in steps[:taken]:
+        cuts[b] += 1
+    return cuts, best / plain if plain > 0 else 1.0
+
+
+def lookup_cuts(lengths: Sequence[int], alphas: Sequence[float], free: Sequence[bool],
+                target_seconds: Callable[[int], float], gamma_max: int, packed: bool,
+                min_gain: float = MIN_GAIN) -> list[int]:
+    """Per row how many tokens of its chain the pass verifies: the ``free`` rows' (lookup chains the policy chose γ
+    for) cut by ``packed_cuts`` where the pass packs rows, else all to one length by ``chain_cut``; the others whole.
+
+        >>> T = lambda n: 0.004 + 0.001 * n
+        >>> lookup_cuts([8, 0, 0, 0], [0.9] * 4, [True] * 4, T, 8, packed=False)  # padding: cut to nothing
+        [0, 0, 0, 0]
+    """
+    if packed:  # each row pays for its own positions
+        return packed_cuts(lengths, alphas, packed_seconds(target_seconds, len(lengths), gamma_max),
+                           [not f for f in free], min_gain)[0]
+    c = chain_cut(lengths, alphas, target_seconds, max([k for k, f in zip(lengths, free) if not f], default=0),
+                  min_gain)  # every row pays for the longest chain's positions
+    return [min(k, c) if f else k for k, f in zip(lengths, free)]
+
+
 def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],
                           draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None,
                           min_gain: float = MIN_GAIN) -> int:
@@ -274,6 +350,7 @@ class PolicyConfig:
     guard: bool = True  # check the prediction against realized whole-step tokens/s (False: the prediction alone)
     probe: bool = True  # probe steps while off (False: α is measured without them, the proposer's ``shadow``)
     min_gain: float = MIN_GAIN  # speculation runs where predicted (and measured) tokens/s beat plain's by this factor
+    packed: bool = False  # a lookup method (no draft cost) on a target that packs rows: each row pays its own positions
 
 
 class SpeculationPolicy:
@@ -325,7 +402,7 @@ class SpeculationPolicy:
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
         d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
-                         cfg.speculation_max_batch, cfg.tree, cfg.min_gain)
+                         cfg.speculation_max_batch, cfg.tree, cfg.min_gain, cfg.packed)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:
             self._idle_steps += 1
             if self._idle_steps >= self._probe_interval:

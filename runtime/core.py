@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from .batch_policy import CUT, NO_ROOM, PolicyConfig, PolicyDecision, SpeculationPolicy, chain_cut
+from .batch_policy import CUT, NO_ROOM, PolicyConfig, PolicyDecision, SpeculationPolicy, lookup_cuts
 from .gamma import AlphaEstimate
 from .prefix_cache import PrefixCache
 from .constraints import ConstraintError
@@ -187,8 +187,9 @@ class DecodeCore:
         proposals, work = self._propose(rows, ks)  # work: method -> [rows it proposed for, seconds]
         proposals, decisions = self._cut(rows, proposals, decisions)  # what the proposals pay for of the pass
         shadows = self._shadows(rows, decisions, proposals)  # per row: its idle lookup proposer's guess, or None
-        out = self.target.forward(*pack(rows, proposals))  # ONE target pass: logits [B, Q, V]
-        verified = [self._verify(row, p, out.logits[b, : p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
+        out = self.target.forward(*pack(rows, proposals), counts=[p.positions for p in proposals])  # ONE target
+        # pass: logits [B, Q, V] (a runner that packs chains: [1, N, V], no padding)
+        verified = [self._verify(row, p, out.row(b)[: p.positions]) for b, (row, p) in enumerate(zip(rows, proposals))]
         keeps, news, logprobs = (list(column) for column in zip(*verified))  # per row: kept positions, tokens, logprobs
         for row, gamma, p, keep in zip(rows, gammas, proposals, keeps):
             self._record(row, gamma, p, len(keep) - 1)
@@ -200,7 +201,7 @@ class DecodeCore:
             if update.finish_reason:  # filled by moving the last row, which must not be one that leaves too
                 self._free(row)
         decision = decisions[next(m for m in self.proposers if m in decisions)]
-        tokens, seconds, positions = sum(map(len, news)), time.perf_counter() - t0, out.logits.shape[0] * out.logits.shape[1]
+        tokens, seconds, positions = sum(map(len, news)), time.perf_counter() - t0, out.positions
         self._account(rows, decisions, tokens, seconds, self.target.engine_seconds - engine0)
         return updates, StepReport(
             batch_size=len(rows), gamma=max(d.gamma for d in decisions.values()), decision=decision,
@@ -254,21 +255,23 @@ class DecodeCore:
         return [EMPTY if p is None else p for p in proposals], work
 
     def _cut(self, rows: list[Row], proposals: list[Proposal], decisions: dict) -> tuple[list[Proposal], dict]:
-        """The lookup proposals (point-mass chains the policy chose γ for) cut to the length whose pass pays best now
-        that their lengths are known (``chain_cut``: one row's long match does not pay for every row's padding); a
-        method whose rows are all cut to nothing runs a plain step (reason "cut"). Other rows (a fixed γ, a probe, forced
-        tokens, a sampled draft) run whole; with a tree in the pass nothing is cut."""
+        """The lookup proposals (point-mass chains the policy chose γ for) cut to the lengths whose pass pays best now
+        that their lengths are known (``chain_cut``: one row's long match does not pay for every row's padding; on
+        a target that packs rows, ``packed_cuts``: per row, each paying its own positions); a method whose rows are
+        all cut to nothing runs a plain step (reason "cut"). Other rows (a fixed γ, a probe, forced tokens, a sampled
+        draft) run whole; with a tree in the pass nothing is cut."""
         if any(p.tree is not None for p in proposals) or not any(len(p.tokens) for p in proposals):
             return proposals, decisions
         free = [p.q is None and not p.forced and row.request.gamma is None and decisions[row.method].reason == "policy"
                 for row, p in zip(rows, proposals)]
-        floor = max([len(p.tokens) for p, f in zip(proposals, free) if not f], default=0)
-        c = chain_cut([len(p.tokens) for p in proposals], [row.alpha.alpha for row in rows],
-                      self.policy.target_curve.seconds, floor, self.policy.config.min_gain) \
-            if any(free) and self.policy.target_curve else None
-        if c is None or c >= max(len(p.tokens) for p in proposals):
+        if not any(free) or not self.policy.target_curve:
             return proposals, decisions
-        proposals = [Proposal(p.tokens[:c]) if f else p for p, f in zip(proposals, free)]
+        lengths = [len(p.tokens) for p in proposals]
+        cuts = lookup_cuts(lengths, [row.alpha.alpha for row in rows], free, self.policy.target_curve.seconds,
+                           self.gamma_max, self.target.packs, self.policy.config.min_gain)
+        if all(c >= k for c, k in zip(cuts, lengths)):
+            return proposals, decisions
+        proposals = [Proposal(p.tokens[:c]) if f else p for p, f, c in zip(proposals, free, cuts)]
         speculating = {row.method for row, p in zip(rows, proposals) if len(p.tokens)}
         return proposals, {m: d if m in speculating or d.gamma == 0 else CUT for m, d in decisions.items()}
 
@@ -318,7 +321,7 @@ class DecodeCore:
         work of the step (propose + observe) is its policy's D(B)."""
         for b, (row, update) in enumerate(zip(rows, updates)):
             if row.proposer.feature is not None and not update.finish_reason:
-                hidden = out.outputs[self.feature][b, keeps[b]]  # [n + 1, F]: "hidden" (H) or EAGLE-3's "aux_hidden"
+                hidden = out.row(b, self.feature)[keeps[b]]  # [n + 1, F]: "hidden" (H) or EAGLE-3's "aux_hidden"
                 seconds = self._timed(row.proposer, row.proposer.observe, [row], row, news[b], hidden)[1]
                 if row.method in work:
                     work[row.method][1] += seconds

@@ -83,7 +83,7 @@ class StepReport:
     batch_size: int  # sequences in this step's target pass
     gamma: int  # draft length of the step (several methods: the largest of their decisions)
     decision: PolicyDecision  # why (several methods: the decision of the first served method among the rows)
-    positions: int  # B * Q positions the target pass processed
+    positions: int  # positions the target pass processed: B * Q, or a packed pass's own (no padding)
     tokens: int  # tokens the step produced (before stop rules cut any)
     proposed: int  # proposals verified
     accepted: int  # proposals accepted

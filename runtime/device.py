@@ -39,7 +39,7 @@ class DeviceRunner(Runner):
     def lengths(self) -> np.ndarray:
         return np.array([self.dm.length], dtype=np.int64)
 
-    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True, counts=None) -> Pass:
         """As ``HostRunner.forward`` for one row; the new K/V stay in the device cache until ``commit``."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.shape[0] != 1:

@@ -28,6 +28,11 @@ GroupQueryAttention refuses. Each row's mask is its own (``contract.in_place_mas
 a twin (exported before it), a runner of one slot, or an onnxruntime that cannot load it runs such calls
 row by row. A row whose padding would run past the cache runs alone (its padding cut).
 
+A pass of chains whose rows verify different lengths (``forward(..., counts=)``) runs packed where the fused graph's
+attention is specrt's kernel (``open_packed``: the graph with the input ``token_slots``, custom_ops.take_token_slots):
+every row's own tokens one run after the other, [1, N], in ONE call with the whole cache bound, no padding computed;
+its ``Pass`` keeps the rows' offsets (``Pass.row``).
+
 Every single-row call (decode steps, chain verify passes, a tree, prefill chunks) runs through the target's
 padded graph where the engine dir has one (``decode_file``, export/decode_pad.py): each attention call gets
 one padding query row, so a decode step takes GroupQueryAttention's Q >= 2 path and its logits equal the
@@ -86,7 +91,7 @@ class InPlaceRunner(Runner):
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
                  hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
                  aux_size: int | None = None, batched: "Sibling | None" = None, decode: "Sibling | None" = None,
-                 prefill: "Sibling | None" = None):
+                 prefill: "Sibling | None" = None, packed: "Sibling | None" = None):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
@@ -106,6 +111,10 @@ class InPlaceRunner(Runner):
         self.bindings: dict[tuple[int, int, bool], Binding] = {}  # (first slot, rows, twin?) -> those cache rows bound
         # (one row: through ``single``)
         self.prefill_bindings: dict[int, Binding] = {}  # slot -> the prefill graph with that slot's cache bound
+        self.packed_graph = packed  # rows' chains in one call without padding (``_packed``; None: padded)
+        self.packs = packed is not None and max_batch > 1
+        self.packed_binding: Binding | None = None  # the packed graph with every slot's cache bound (on first use)
+        self.zero_mask = np.zeros(0, np.float32)  # a packed call's attention_mask (chains: the kernel's causal rule)
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
         self.mask_buffers: dict[int, np.ndarray] = {}  # slot -> float32 [CHAIN_Q * max_len]
         self.output_memory: dict[str, np.ndarray] = {}  # output name -> the memory every binding's calls write it
@@ -121,7 +130,7 @@ class InPlaceRunner(Runner):
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
                    aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec),
-                   open_prefill(engine, spec))
+                   open_prefill(engine, spec), open_packed(engine) if max_batch > 1 else None)
 
     def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
         """The binding of the fused graph (``twin``: of the batched twin; one row: of ``single``) whose cache
@@ -141,15 +150,22 @@ class InPlaceRunner(Runner):
         return b
 
     # ---- running ----------------------------------------------------------------------------
-    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True, counts=None) -> Pass:
         """Run ``ids`` [R, Q] after each slot's valid entries (see ``HostRunner.forward``); the new
-        K/V land in the stale part of each slot, valid only once committed."""
+        K/V land in the stale part of each slot, valid only once committed. ``counts`` [R]: row r's first counts[r]
+        tokens are its own, the rest padding (None: all Q): a runner that ``packs`` runs chains without the padding."""
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
         if r == 1 and q <= CHAIN_Q and blocks is None and self.lengths[slots[0]] + q <= self.max_len:
             return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
+        if counts is not None and self.packs and blocks is None and r > 1:
+            counts = np.asarray(counts, dtype=np.int64)
+            n = int(counts.sum())
+            if n < r * q and (lengths + counts <= self.max_len).all():
+                return self._timed(self._packed, 1, n, False, slots, ids, lengths, counts)  # (not one of the
+                # latency curve's sizes: N positions of R rows cost less than N rows' plain step, ``packed_seconds``)
         positions = self.positions(lengths, q, depths)
         groups = self._groups(slots, lengths, q)
         if r > 1 and len(groups) == 1 and np.array_equal(groups[0], np.arange(r)):  # one call, rows in slot order:
@@ -169,6 +185,27 @@ class InPlaceRunner(Runner):
 
         self._timed(run_groups, r, q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
+
+    def _packed(self, slots: np.ndarray, ids: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> Pass:
+        """Row r's first ``counts[r]`` tokens of ``ids`` [R, Q], every row's one run after the other, in ONE call of N =
+        sum(counts) positions (custom_ops.take_token_slots): no padding computed. Its outputs are the call's bound
+        ones, [1, N, width], row r's at ``offsets[r]:offsets[r + 1]`` (``Pass.row``)."""
+        q = ids.shape[1]
+        own = np.arange(q) < counts[:, None]  # [R, Q] a row's own tokens
+        n, total = int(counts.sum()), int((lengths + counts).max())
+        seqlens = np.zeros(self.max_batch, np.int32)  # [slots] total - 1 of the slots in the call (others unread)
+        seqlens[slots] = lengths + counts - 1
+        if self.zero_mask.size < n * total:
+            self.zero_mask = np.zeros(n * total, np.float32)
+        if self.packed_binding is None:
+            self.packed_binding = self._cache_binding(0, self.max_batch, self.packed_graph)
+        b = self.packed_binding
+        b.inputs(input_ids=ids[own][None], position_ids=(lengths[:, None] + np.arange(q))[own][None],
+                 attention_mask=self.zero_mask[: n * total].reshape(1, 1, n, total), seqlens_k=seqlens,
+                 total_sequence_length=np.array(total, dtype=np.int32), token_slots=np.repeat(slots, counts))
+        outputs = {name: b.output(name, (1, n, width)) for name, width in {"logits": self.vocab_size, **self.features}.items()}
+        b.run()
+        return Pass(slots, outputs["logits"], outputs, lengths, np.concatenate([[0], np.cumsum(counts)]))
 
     def prefill_pass(self, slot: int, ids: list) -> Pass:
         """A prompt chunk ``ids`` [Q] through the prefill graph where the engine dir has one
@@ -240,12 +277,11 @@ class InPlaceRunner(Runner):
 
     def commit(self, p: Pass, keep=None) -> None:
         """Make row r's new positions ``keep[r]`` (ascending indices into Q; None: all Q) valid."""
-        q = p.logits.shape[1]
         for r, s in enumerate(p.slots):
             s, start = int(s), int(p.lengths[r])
             if self.lengths[s] != start:
                 raise RuntimeError(f"slot {s} changed since this pass (length {self.lengths[s]}, pass {start})")
-            k = np.arange(q) if keep is None else np.asarray(keep[r], dtype=np.int64)
+            k = np.arange(len(p.row(r))) if keep is None else np.asarray(keep[r], dtype=np.int64)
             n = len(k)
             if start + n > self.max_len:
                 raise CacheFullError(f"KV cache full: {start} + {n} tokens > max_len {self.max_len}")
@@ -311,6 +347,16 @@ def open_prefill(engine: OrtEngine, spec) -> Sibling | None:
     if spec.prefill_file is None:
         return None
     return open_sibling(engine, spec.prefill_file, "prefill graph", "prompts run through the decode graph")
+
+
+def open_packed(engine: OrtEngine) -> Sibling | None:
+    """The fused graph with the input ``token_slots`` (custom_ops.take_token_slots) in a session of its own, opened
+    once per engine, or None where its attention cannot take it (a sliding window, ONNX Runtime's kernel)."""
+    opened = _SIBLINGS.setdefault(engine, {})
+    if "packed" not in opened:
+        session = engine.open(engine.path, packed=True) if on_specrt_attention(engine) else None
+        opened["packed"] = Sibling(session) if session is not None and session.specrt_packed else None
+    return opened["packed"]
 
 
 def open_sibling(engine: OrtEngine, file: str, what: str, otherwise: str) -> Sibling | None:

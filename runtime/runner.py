@@ -87,9 +87,20 @@ class Pass:
     """One graph call over some rows, not yet committed to the cache."""
 
     slots: np.ndarray  # int64 [R] the cache slot of each row
-    logits: np.ndarray  # float32 [R, Q, V]
+    logits: np.ndarray  # float32 [R, Q, V]; a packed pass: [1, N, V]
     outputs: dict  # every graph output by name: new K/V [Q, R, Hkv, D], "hidden" [R, Q, H] where exported
     lengths: np.ndarray | None = None  # int64 [R] each row's length at forward time (InPlaceRunner's commit)
+    offsets: np.ndarray | None = None  # int64 [R + 1] a packed pass's rows: row r = positions offsets[r]:offsets[r + 1]
+
+    def row(self, r: int, name: str = "logits") -> np.ndarray:
+        """Row r's positions of output ``name``: [Q, width] (a packed pass: [counts[r], width], no padding)."""
+        out = self.outputs[name] if name != "logits" else self.logits
+        return out[r] if self.offsets is None else out[0, self.offsets[r] : self.offsets[r + 1]]
+
+    @property
+    def positions(self) -> int:
+        """Positions the pass computed: R·Q, or a packed pass's N."""
+        return self.logits.shape[0] * self.logits.shape[1]
 
 
 class Runner:
@@ -97,6 +108,7 @@ class Runner:
 
     prefill_chunk = 128  # tokens per prefill call (the graph's exported prefill shape)
     prefill_graph = None  # a graph of its own that prompts run through (export/prefill_graph.py); None: ``forward``'s
+    packs = False  # whether ``forward(..., counts=)`` runs chains without their padding (one call of sum(counts))
     _swap_buffer = None  # ``swap``'s scratch: two planes (a layer's K or V) of a slot's entries (allocated on the first swap)
 
     def prefill(self, slot: int, ids, feature: str = "hidden") -> tuple[np.ndarray, np.ndarray | None]:
@@ -239,11 +251,12 @@ class HostRunner(Runner):
         self.calls = 0
 
     # ---- running ----------------------------------------------------------------------------
-    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True) -> Pass:
+    def forward(self, slots, ids, blocks=None, depths=None, record: bool = True, counts=None) -> Pass:
         """Run ``ids`` [R, Q] after each slot's valid entries. Writes nothing (see ``commit``).
 
         blocks: per row a bool [n_r, n_r] attend block over its new tokens (a tree), or None (chain);
-        depths: per row int [n_r] (a tree's depths; positions are lengths + depth) or None.
+        depths: per row int [n_r] (a tree's depths; positions are lengths + depth) or None;
+        counts: per row its own tokens (the rest padding); here every row runs all Q (``packs`` False).
         """
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)

@@ -41,7 +41,7 @@ def run_all(gen: DecodeCore, requests: list[SequenceRequest]) -> dict:
             take(gen.add(pending.pop(0)))
         updates, report = gen.step()
         if report is not None:
-            assert report.batch_size == len(updates) and report.positions % report.batch_size == 0
+            assert report.batch_size == len(updates) and report.positions >= report.batch_size  # (packed: any)
         for u in updates:
             take(u)
     return done

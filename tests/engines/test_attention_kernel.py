@@ -30,11 +30,13 @@ def arch(request):
 
 
 def gqa_session(domain: str, heads: int, kv_heads: int, head_dim: int, capacity: int, arch: str = "native",
-                attrs: dict | None = None):
+                attrs: dict | None = None, packed: bool = False):
+    """One attention node in a session (``packed``: with the kernel's 12th input, ``token_slots``)."""
     import onnxruntime as ort
 
     node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "pk", "pv", "seqlens_k", "total", "cos", "sin",
-                                                    "pos", "bias"], ["out", "prk", "prv"], domain=domain,
+                                                    "pos", "bias"] + ["token_slots"] * packed, ["out", "prk", "prv"],
+                            domain=domain,
                             num_heads=heads, kv_num_heads=kv_heads, scale=head_dim ** -0.5, do_rotary=1,
                             rotary_interleaved=0, local_window_size=-1, **(attrs or {}))
     f, w = TP.FLOAT, (heads + 2 * kv_heads) * head_dim
@@ -45,7 +47,8 @@ def gqa_session(domain: str, heads: int, kv_heads: int, head_dim: int, capacity:
               helper.make_tensor_value_info("cos", f, [capacity, head_dim // 2]),
               helper.make_tensor_value_info("sin", f, [capacity, head_dim // 2]),
               helper.make_tensor_value_info("pos", TP.INT64, ["B", "S"]),
-              helper.make_tensor_value_info("bias", f, ["BB", 1, "S", "T"])]
+              helper.make_tensor_value_info("bias", f, ["BB", 1, "S", "T"])] + \
+        [helper.make_tensor_value_info("token_slots", TP.INT64, ["S"])] * packed
     outputs = [helper.make_tensor_value_info("out", f, ["B", "S", heads * head_dim]),
                helper.make_tensor_value_info("prk", f, cache), helper.make_tensor_value_info("prv", f, cache)]
     model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
@@ -58,13 +61,15 @@ def gqa_session(domain: str, heads: int, kv_heads: int, head_dim: int, capacity:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def run(session, qkv, k, v, lengths, cos, sin, positions, bias):
+def run(session, qkv, k, v, lengths, cos, sin, positions, bias, token_slots=None):
     """One call with the cache bound in place (past = present, as the runtime binds it); returns
-    (output, the cache after it)."""
+    (output, the cache after it). ``lengths``: per cache row its entries once the call's are in."""
     k, v = k.copy(), v.copy()
     b = session.io_binding()
     feeds = dict(qkv=qkv, seqlens_k=np.asarray(lengths, np.int32) - 1, total=np.array(max(lengths), np.int32),
                  cos=cos, sin=sin, pos=positions, bias=bias)
+    if token_slots is not None:
+        feeds["token_slots"] = np.asarray(token_slots, np.int64)
     for name, a in feeds.items():
         b.bind_cpu_input(name, np.ascontiguousarray(a))
     for names, buf in ((("pk", "prk"), k), (("pv", "prv"), v)):
@@ -128,6 +133,44 @@ def test_a_row_does_not_depend_on_the_other_rows_of_its_call(arch, head_dim):
         k, v = step[1], step[2]
         assert np.array_equal(step[0][0, 0], verify[0][0, s]), f"row {s}"
     assert np.array_equal(k, verify[1]) and np.array_equal(v, verify[2])
+
+
+def test_a_packed_call_computes_each_row_as_a_call_of_its_own(arch):
+    """token_slots: tokens of three cache rows (3, 1 and 2 of them, one row left out, in any row order) in one
+    call of qkv [1, 6] over the whole cache: each row's outputs and cache entries equal a call of that row alone,
+    bit for bit, and the row left out is untouched."""
+    heads, kv_heads, head_dim, capacity = 6, 2, 64, 64
+    packed = gqa_session("ai.specrt", heads, kv_heads, head_dim, capacity, arch, packed=True)
+    alone = gqa_session("ai.specrt", heads, kv_heads, head_dim, capacity, arch)
+    rng = np.random.default_rng(7)
+    qkv, k, v, _, cos, sin, _, _ = inputs(rng, 4, 6, 0, heads, kv_heads, head_dim, capacity)
+    past, counts, order = [20, 33, 7, 11], {0: 3, 2: 1, 1: 2}, [0, 2, 1]  # row 3: not in the call
+    slots = np.repeat(order, [counts[r] for r in order])
+    tokens = qkv[0, :6][None]  # [1, 6]
+    positions = np.concatenate([np.arange(past[r], past[r] + counts[r]) for r in order])[None]
+    lengths = [past[r] + counts.get(r, 0) for r in range(4)]
+    out, pk, pv = run(packed, tokens, k, v, lengths, cos, sin, positions, np.zeros((1, 1, 6, max(lengths)), np.float32),
+                      slots)
+    start = 0
+    for r in order:
+        n = counts[r]
+        ref = run(alone, tokens[:, start:start + n], k[r:r + 1], v[r:r + 1], [past[r] + n], cos, sin,
+                  positions[:, start:start + n], np.zeros((1, 1, n, past[r] + n), np.float32))
+        assert np.array_equal(out[:, start:start + n], ref[0]), r
+        assert np.array_equal(pk[r], ref[1][0]) and np.array_equal(pv[r], ref[2][0]), r
+        start += n
+    assert np.array_equal(pk[3], k[3]) and np.array_equal(pv[3], v[3])
+
+
+@pytest.mark.parametrize("slots,error", [([0, 1, 0], "consecutive"), ([0, 4, 4], "outside the cache"),
+                                         ([0, 1], "one slot per token")])
+def test_a_packed_call_with_bad_token_slots_is_refused(slots, error):
+    session = gqa_session("ai.specrt", 4, 2, 16, 16, packed=True)
+    rng = np.random.default_rng(0)
+    qkv, k, v, _, cos, sin, _, _ = inputs(rng, 4, 3, 0, 4, 2, 16, 16)
+    with pytest.raises(RuntimeError, match=error):
+        run(session, qkv[:1], k, v, [5] * 4, cos, sin, np.array([[1, 2, 3]]), np.zeros((1, 1, 3, 5), np.float32),
+            slots)
 
 
 def test_a_graph_goes_to_the_kernel_only_when_it_computes_every_attention_node():

@@ -1,14 +1,17 @@
-"""Lookup proposals cut once their lengths are known (runtime/batch_policy.py ``chain_cut``, ``DecodeCore._cut``).
+"""Lookup proposals cut once their lengths are known (runtime/batch_policy.py ``chain_cut``, ``packed_cuts``,
+``DecodeCore._cut``).
 
-A pass verifies every row at its longest chain's length, so one row's long match can cost the whole batch
+A padded pass verifies every row at its longest chain's length, so one row's long match can cost the whole batch
 its padding: the core cuts point-mass chains to the length whose pass pays best, and runs a plain step
-(reason "cut") where none does. Greedy output stays plain greedy's: a cut chain is a shorter proposal.
+(reason "cut") where none does. A packed pass (a runner that ``packs``: specrt's attention kernel) charges each
+row its own positions: each row's chain is cut on its own. Greedy output stays plain greedy's: a cut chain is a
+shorter proposal.
 """
 import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.batch_policy import REASONS, chain_cut
+from specrt.runtime.batch_policy import REASONS, chain_cut, choose_gamma, packed_cuts, packed_seconds
 from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.proposers import EMPTY, NoProposer, Proposal
 from specrt.runtime.sampling import SamplingParams
@@ -36,6 +39,28 @@ def test_a_flat_curve_keeps_every_token_and_the_floor_holds():
     assert "cut" in REASONS
 
 
+def test_packed_rows_pay_their_own_positions_best_tokens_first():
+    per_position = lambda m: 0.008 + 0.001 * m  # noqa: E731 - 4 rows, m positions more
+    assert packed_cuts([8, 0, 0, 0], [0.9] * 4, per_position)[0] == [4, 0, 0, 0]  # padding would have cut it to 0
+    cuts, gain = packed_cuts([8, 8, 8, 8], [0.9, 0.9, 0.2, 0.2], per_position)
+    assert cuts == [4, 4, 0, 0] and gain > 1.1  # rows whose guesses fail verify none
+    assert packed_cuts([3, 8, 0, 0], [0.1, 0.9, 0.6, 0.6], per_position, fixed=[True, False, False, False])[0] == \
+        [3, 6, 0, 0]  # a fixed row runs whole; the others priced after it (its positions in the base)
+    assert packed_cuts([8, 8, 0, 0], [0.3] * 4, per_position) == ([0, 0, 0, 0], 1.0)  # below min_gain: none
+    assert packed_cuts([], [], per_position) == ([], 1.0)
+
+
+def test_packed_pricing_charges_positions_not_rows():
+    rows_cost_more = lambda n: 0.002 * n if n <= 4 else 0.006 + 0.0005 * n  # noqa: E731 - plain rows up to 4
+    assert packed_seconds(rows_cost_more, 4, 4)(8) == pytest.approx(0.008 + 8 * (0.016 - 0.008) / 16)
+    # choose_gamma on a packing target: two rows' chains, where a padded pass would speculate on none (the 14
+    # others' padding would not pay)
+    alphas, curve = [0.95] * 2 + [0.1] * 14, lambda n: 0.001 * n if n <= 16 else 0.016 + 0.0003 * (n - 16)  # noqa: E731
+    assert choose_gamma(alphas, 4, curve, lambda b: 0.0).gamma == 0
+    decision = choose_gamma(alphas, 4, curve, lambda b: 0.0, packed=True)
+    assert decision.gamma == 4 and decision.predicted_speedup > 1.1
+
+
 class Lengths(NoProposer):
     """A lookup proposer that proposes ``lengths[request id]`` copies of token 7 (point masses)."""
 
@@ -54,9 +79,12 @@ def rt(llama_fused_engine):
     return specrt.load(llama_fused_engine)
 
 
-def first_step(rt, lengths: dict, curve):
-    """The first step of a batch of len(lengths) rows under a synthetic target curve."""
+def first_step(rt, lengths: dict, curve, packs: bool = False):
+    """The first step of a batch of len(lengths) rows under a synthetic target curve, on a target runner that packs
+    rows or pads them."""
     core = rt.new_core(CoreConfig(max_batch=len(lengths), method="ngram", calibrate=False), proposer=Lengths(lengths))
+    assert core.target.packs, "the fused test engine runs specrt's attention kernel"
+    core.target.packs = core.policy.config.packed = packs
     for i, rid in enumerate(lengths):
         core.add(SequenceRequest(rid, [3, 1, 4, 1, 5][: i + 1], SamplingParams(max_new_tokens=8)))
     synthetic(core, curve)
@@ -70,12 +98,23 @@ def synthetic(core, curve, sizes=range(1, 41)):
         core.policy.target_curve.record(n, curve(n))
 
 
-def test_the_core_cuts_padding_that_does_not_pay(rt):
+@pytest.mark.parametrize("packs", [False, True])
+def test_the_core_cuts_padding_that_does_not_pay(rt, packs):
     knee = lambda n: 0.010 + 0.00075 * max(0, n - 4)  # noqa: E731 - the policy speculates (γ 1-2 at α 0.6) ...
-    report = first_step(rt, {"a": 4, "b": 0, "c": 0, "d": 0}, knee)  # ... and one row's proposal does not pay
+    report = first_step(rt, {"a": 4, "b": 0, "c": 0, "d": 0}, knee, packs)  # ... and one row's proposal does not pay
     assert report.positions == 4 and report.decision.reason == "cut" and report.proposed == 0
-    report = first_step(rt, {"a": 4, "b": 4, "c": 4, "d": 4}, lambda n: 0.01)  # flat: nothing to cut
+    report = first_step(rt, {"a": 4, "b": 4, "c": 4, "d": 4}, lambda n: 0.01, packs)  # flat: nothing to cut
     assert report.positions == 4 * 5 and report.decision.reason == "policy"
+
+
+def test_a_packing_target_runs_the_rows_whose_chains_pay_their_own_positions(rt):
+    """Two rows' matches: padded, they pay for the two idle rows' padding too and are cut; packed, each row pays
+    for its own positions: the two rows verify their first token (γ 1: at α 0.6 a second token no longer pays) in
+    one call of 6 positions."""
+    knee = lambda n: 0.010 + 0.00075 * max(0, n - 4)  # noqa: E731
+    assert first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, packs=False).decision.reason == "cut"
+    report = first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, packs=True)
+    assert report.decision.reason == "policy" and report.proposed == 2 and report.positions == 4 + 2
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])

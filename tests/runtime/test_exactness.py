@@ -95,11 +95,18 @@ def test_fused_and_quantized_graphs_are_exact(fused_engines, quantize, method, b
 
 @pytest.mark.parametrize("quantize,method,batched", [("fp32", "draft", True), ("int4", "ngram", True),
                                                      ("int4", "draft", False)], ids=str)
-def test_graphs_on_specrt_attention_are_exact(fused_engines, specrt_attention, quantize, method, batched):
-    """The same on specrt's attention kernel, where a batch's verify pass runs the fused graph itself."""
+def test_graphs_on_specrt_attention_are_exact(fused_engines, specrt_attention, quantize, method, batched,
+                                              monkeypatch):
+    """The same on specrt's attention kernel, where a batch's verify pass runs the fused graph itself, and a batch
+    of n-gram chains of different lengths runs packed (no padding: runtime.in_place.InPlaceRunner._packed)."""
+    from specrt.runtime.in_place import InPlaceRunner
+
+    packed, run = [], InPlaceRunner._packed
+    monkeypatch.setattr(InPlaceRunner, "_packed", lambda self, *a: packed.append(1) or run(self, *a))
     rt = specrt.load(fused_engines[quantize], attention=specrt_attention)
     assert rt.target.engine.session.specrt_attention > 0
     assert_exact(rt, method, batched)
+    assert packed or method != "ngram"  # (a batch of draft chains packs too where a row's budget cuts its chain)
 
 
 def assert_exact(rt, method: str, batched: bool) -> None:

@@ -174,6 +174,37 @@ def test_on_specrt_attention_a_batch_of_chains_and_trees_is_one_fused_call(runne
     assert runs[-1] is a.engine.session
 
 
+def test_on_specrt_attention_chains_of_different_lengths_run_packed_without_padding(runners, monkeypatch,
+                                                                                  specrt_attention):
+    """``counts``: each row's own tokens (the rest padding). On specrt's attention kernel a batch of chains runs
+    as ONE call of the packed graph (custom_ops.take_token_slots) over sum(counts) positions: each row's logits
+    equal the host runner's padded pass's, and committing (a kept prefix, or every own position) leaves both caches
+    alike. On ONNX Runtime's attention the runner does not pack and runs the padding."""
+    fused = Runtime.load(runners.build("inplace_fused", TARGET, max_len=48, graph="fused"), attention=specrt_attention)
+    a, host = fused.runner("target", 3)[0], runners()[1]
+    assert a.packs and not runners()[0].packs
+    a.data[:] = np.nan
+    for slot, p in enumerate([[3, 5, 7, 9, 11, 13, 15], list(range(1, 13)), [2, 4, 6]]):
+        for r in (a, host):
+            r.prefill(slot, p)
+    runs = graph_runs(monkeypatch)
+    ids, counts = [[4, 5, 6, 7], [8, 0, 0, 0], [10, 11, 0, 0]], [4, 1, 2]
+    packed, padded = a.forward([0, 1, 2], ids, counts=counts), host.forward([0, 1, 2], ids)
+    assert runs == [a.packed_graph.session] and packed.logits.shape == (1, 7, a.vocab_size) and packed.positions == 7
+    for row, n in enumerate(counts):
+        np.testing.assert_allclose(packed.row(row), padded.logits[row, :n], atol=TOL, rtol=0)
+    a.commit(packed, [[0, 1], [0], [0, 1]])
+    host.commit(padded, [[0, 1], [0], [0, 1]])
+    ids = [[1, 2], [3, 0], [5, 0]]
+    packed, padded = a.forward([0, 1, 2], ids, counts=[2, 1, 1]), host.forward([0, 1, 2], ids)
+    a.commit(packed)  # every own position: 2, 1, 1
+    host.commit(padded, [[0, 1], [0], [0]])
+    assert a.lengths.tolist() == host.lengths.tolist() == [11, 14, 6]
+    both((a, host), [0, 1, 2], [[1], [2], [3]])  # a decode step: the fused graph, the same logits
+    full = a.forward([0, 1, 2], [[1, 2], [3, 4], [5, 6]], counts=[2, 2, 2])  # no padding: the fused graph, [R, Q]
+    assert full.offsets is None and runs[-1] is a.engine.session
+
+
 def test_without_a_twin_rows_run_one_by_one_with_the_same_logits(runners, monkeypatch):
     """A runner without the twin (an engine dir from before it, or one slot) runs Q > 1 batches row by row."""
     pair = runners(stale=0.0)
