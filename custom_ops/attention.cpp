@@ -338,7 +338,8 @@ void write_entries(const GroupJob& j, const Segment& seg, int64_t g) {  // the n
 void attend(const GroupJob& j, const Segment& seg, int64_t g, int64_t h0, int64_t h1, std::vector<float>& scratch) {
   const Shapes& sh = *j.shape;
   const int64_t S = seg.count, D = sh.head_dim, G = sh.heads / sh.kv_heads, W = (sh.heads + 2 * sh.kv_heads) * D;
-  const int64_t total = j.seqlens[seg.slot] + 1, past = total - S, half = D / 2, token0 = seg.batch * sh.seq + seg.first;
+  const int64_t total = j.seqlens[seg.slot] + 1, past = total - S, half = D / 2;
+  const int64_t token0 = seg.batch * sh.seq + seg.first;
   const float* kc = j.k_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
   const float* vc = j.v_cache + (seg.slot * sh.kv_heads + g) * sh.capacity * D;
   const int64_t rows = (h1 - h0) * S;
@@ -416,20 +417,24 @@ void run_task(void* data, size_t i) {
 std::vector<Segment> segments(const Shapes& sh, int64_t slots, const int64_t* token_slots) {
   std::vector<Segment> out;
   if (!token_slots) {
-    if (slots != sh.batch) ORT_CXX_API_THROW("specrt GroupQueryAttention: the cache's rows differ from qkv's", ORT_INVALID_ARGUMENT);
+    if (slots != sh.batch)
+      ORT_CXX_API_THROW("specrt GroupQueryAttention: the cache's rows differ from qkv's", ORT_INVALID_ARGUMENT);
     for (int64_t b = 0; b < sh.batch; ++b) out.push_back({b, 0, sh.seq, b});
     return out;
   }
-  if (sh.batch != 1) ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots needs qkv [1, N]", ORT_INVALID_ARGUMENT);
+  if (sh.batch != 1)
+    ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots needs qkv [1, N]", ORT_INVALID_ARGUMENT);
   std::vector<bool> seen(static_cast<size_t>(slots), false);
   for (int64_t t = 0; t < sh.seq; ++t) {
     const int64_t slot = token_slots[t];
-    if (slot < 0 || slot >= slots) ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots outside the cache", ORT_INVALID_ARGUMENT);
+    if (slot < 0 || slot >= slots)
+      ORT_CXX_API_THROW("specrt GroupQueryAttention: token_slots outside the cache", ORT_INVALID_ARGUMENT);
     if (!out.empty() && out.back().slot == slot) {
       ++out.back().count;
       continue;
     }
-    if (seen[slot]) ORT_CXX_API_THROW("specrt GroupQueryAttention: a slot's tokens must be consecutive", ORT_INVALID_ARGUMENT);
+    if (seen[slot])
+      ORT_CXX_API_THROW("specrt GroupQueryAttention: a slot's tokens must be consecutive", ORT_INVALID_ARGUMENT);
     seen[slot] = true;
     out.push_back({0, t, 1, slot});
   }
@@ -489,8 +494,10 @@ struct AttentionKernel {
     job.v_cache = present_v.GetTensorMutableData<float>();
     job.out = out.GetTensorMutableData<float>();
     const size_t cache_bytes = cs[0] * kv_heads * sh.capacity * sh.head_dim * sizeof(float);
-    if (job.k_cache != past_k.GetTensorData<float>()) std::memcpy(job.k_cache, past_k.GetTensorData<float>(), cache_bytes);
-    if (job.v_cache != past_v.GetTensorData<float>()) std::memcpy(job.v_cache, past_v.GetTensorData<float>(), cache_bytes);
+    const float* pasts[2] = {past_k.GetTensorData<float>(), past_v.GetTensorData<float>()};
+    float* presents[2] = {job.k_cache, job.v_cache};
+    for (int i = 0; i < 2; ++i)  // (bound in place, as the runtime binds them: the same memory, nothing to copy)
+      if (presents[i] != pasts[i]) std::memcpy(presents[i], pasts[i], cache_bytes);
     if (ctx.GetInputCount() > 10) {
       auto bias = ctx.GetInput(10);
       if (bias) {

@@ -203,7 +203,8 @@ class InPlaceRunner(Runner):
         b.inputs(input_ids=ids[own][None], position_ids=(lengths[:, None] + np.arange(q))[own][None],
                  attention_mask=self.zero_mask[: n * total].reshape(1, 1, n, total), seqlens_k=seqlens,
                  total_sequence_length=np.array(total, dtype=np.int32), token_slots=np.repeat(slots, counts))
-        outputs = {name: b.output(name, (1, n, width)) for name, width in {"logits": self.vocab_size, **self.features}.items()}
+        widths = {"logits": self.vocab_size, **self.features}
+        outputs = {name: b.output(name, (1, n, width)) for name, width in widths.items()}
         b.run()
         return Pass(slots, outputs["logits"], outputs, lengths, np.concatenate([[0], np.cumsum(counts)]))
 
