@@ -112,7 +112,7 @@ class InPlaceRunner(Runner):
         # (one row: through ``single``)
         self.prefill_bindings: dict[int, Binding] = {}  # slot -> the prefill graph with that slot's cache bound
         self.packed_graph = packed  # rows' chains in one call without padding (``_packed``; None: padded)
-        self.packs = packed is not None and max_batch > 1
+        self.packs = packed is not None
         self.packed_binding: Binding | None = None  # the packed graph with every slot's cache bound (on first use)
         self.zero_mask = np.zeros(0, np.float32)  # a packed call's attention_mask (chains: the kernel's causal rule)
         self.chain_arrays: dict[tuple[int, int], ChainArrays] = {}  # (slot, Q) -> what its chain calls run through
@@ -124,13 +124,16 @@ class InPlaceRunner(Runner):
         self.calls = 0
 
     @classmethod
-    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None) -> "InPlaceRunner":
+    def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None,
+                  packs: bool = False) -> "InPlaceRunner":
+        """The runner of ``spec``'s graph with its siblings opened; ``packs``: with the packed graph too (several
+        slots: passes of chains without padding)."""
         g = spec.geometry
         aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
                    aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec),
-                   open_prefill(engine, spec), open_packed(engine) if max_batch > 1 else None)
+                   open_prefill(engine, spec), open_packed(engine) if packs and max_batch > 1 else None)
 
     def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
         """The binding of the fused graph (``twin``: of the batched twin; one row: of ``single``) whose cache

@@ -179,10 +179,12 @@ def test_on_specrt_attention_chains_of_different_lengths_run_packed_without_padd
     """``counts``: each row's own tokens (the rest padding). On specrt's attention kernel a batch of chains runs
     as ONE call of the packed graph (custom_ops.take_token_slots) over sum(counts) positions: each row's logits
     equal the host runner's padded pass's, and committing (a kept prefix, or every own position) leaves both caches
-    alike. On ONNX Runtime's attention the runner does not pack and runs the padding."""
+    alike. On ONNX Runtime's attention the runner does not pack and runs the padding; nor does a runner not made to
+    pack (a draft's)."""
     fused = Runtime.load(runners.build("inplace_fused", TARGET, max_len=48, graph="fused"), attention=specrt_attention)
     a, host = fused.runner("target", 3)[0], runners()[1]
     assert a.packs and not runners()[0].packs
+    assert not InPlaceRunner.for_graph(a.engine, fused.target.spec, 48, 3).packs  # (a draft's runner: no packed graph)
     a.data[:] = np.nan
     for slot, p in enumerate([[3, 5, 7, 9, 11, 13, 15], list(range(1, 13)), [2, 4, 6]]):
         for r in (a, host):
