@@ -17,7 +17,8 @@ import numpy as np
 from ..contract import NP_DTYPES, io_names
 from ..engines import EngineError, open_engine
 from ..engines.manifest import GraphSpec, Manifest, load_manifest
-from .batch_policy import LatencyCurve, PolicyConfig, SpeculationPolicy
+from .batch_policy import PolicyConfig, SpeculationPolicy
+from .pass_cost import PassCost
 from .constraints import ConstraintError, ConstraintSpec, Grammar, GrammarCompiler
 from .core import CoreConfig, DecodeCore, Limits, SequenceRequest, StopRules, check_config
 from .in_place import InPlaceRunner
@@ -130,7 +131,7 @@ class Runtime:
         self.eagle_fc = eagle_fc  # Engine of an EAGLE-3 head's fc graph (aux_hidden -> hidden); None: EAGLE-1
         self.eagle_tree = dict(manifest.eagle.tree) if manifest.eagle else None  # {"nodes", "depth", "topk"}
         self.runner_factory = runner_factory  # (graph, max_batch, on_call) -> runner; None: HostRunner
-        self._shared: dict = {}  # role -> (runner, LatencyCurve) at max_batch 1, shared by the batch-1 cores
+        self._shared: dict = {}  # role -> (runner, PassCost) at max_batch 1, shared by the batch-1 cores
         self._cores: dict = {}  # (method, acceptance) -> DecodeCore at max_batch 1
         self._corpora: dict = {}  # resolved path -> suffix decoding's index of that corpus file
         self._requests = 0  # generations started (request ids of the batch-1 cores)
@@ -187,22 +188,22 @@ class Runtime:
 
     # ---- the pieces the decode core is built from ---------------------------------------------
     def runner(self, role: str, max_batch: int):
-        """A new (runner, LatencyCurve) pair for the "target" or "draft" graph with ``max_batch`` slots;
-        the runner records the time of every decode call into the curve but the first of each shape."""
+        """A new (runner, PassCost) pair for the "target" or "draft" graph with ``max_batch`` slots;
+        the runner records the time of every decode call into the cost but the first of each shape."""
         graph = self.target if role == "target" else self.draft
-        curve = LatencyCurve()
-        shapes = set()  # (batch, q) of the calls run so far
+        cost = PassCost()
+        shapes = set()  # (rows, positions) of the calls run so far
 
-        def on_call(batch: int, q: int, seconds: float) -> None:
-            if (batch, q) in shapes:
-                curve.record(batch * q, seconds)
+        def on_call(rows: int, positions: int, seconds: float) -> None:
+            if (rows, positions) in shapes:
+                cost.record(rows, positions, seconds)
             else:  # a shape's first call also pays ONNX Runtime's one-time setup of it (memory planning, buffers):
-                shapes.add((batch, q))  # 1.2-2x a steady call here; recorded, it priced plain steps too high
+                shapes.add((rows, positions))  # 1.2-2x a steady call here; recorded, it priced plain steps too high
 
         if self.runner_factory is not None:
-            return self.runner_factory(graph, max_batch, on_call), curve
+            return self.runner_factory(graph, max_batch, on_call), cost
         return runner_for_graph(graph.engine, graph.spec, self.manifest.max_len, max_batch, on_call,
-                                packs=role == "target"), curve
+                                packs=role == "target"), cost
 
     def suffix_corpus(self, path: str | Path):
         """The fixed suffix index of the corpus file at ``path`` (read and tokenized once per Runtime)."""
@@ -214,7 +215,7 @@ class Runtime:
         return self._corpora[key]
 
     def proposer(self, method: str, max_batch: int, draft=None, corpus: str | None = None):
-        """The proposer of ``method`` for ``max_batch`` slots (draft: the draft's (runner, curve) pair;
+        """The proposer of ``method`` for ``max_batch`` slots (draft: the draft's (runner, PassCost) pair;
         corpus: suffix decoding's corpus file)."""
         from . import proposers
 
@@ -245,7 +246,7 @@ class Runtime:
     def new_core(self, config: CoreConfig, proposer=None, runners: dict | None = None) -> DecodeCore:
         """A decode core of ``config.max_batch`` slots built from this engine dir's parts: the target's
         runner, a proposer and a policy per method of ``config.method`` (``proposer`` replaces the first
-        method's: tests), the stop rules and limits. ``runners`` maps a role to a (runner, LatencyCurve)
+        method's: tests), the stop rules and limits. ``runners`` maps a role to a (runner, PassCost)
         pair to reuse; the rest are made here (what ``specrt serve`` runs: runners of its own)."""
         methods = parse_methods(config.method)
         for method in methods:
@@ -255,28 +256,28 @@ class Runtime:
         for role in ("target", "draft") if "draft" in methods else ("target",):
             if role not in runners:
                 runners[role] = self.runner(role, config.max_batch)
-        target, target_curve = runners["target"]
+        target, target_cost = runners["target"]
         proposers = {m: self.proposer(m, config.max_batch, runners.get("draft"), config.suffix_corpus)
                      for m in methods}
         if proposer is not None:
             proposers[methods[0]] = proposer
-        policies = {m: self._policy(m, p, config, target_curve, runners["draft"][1] if m == "draft" else LatencyCurve(),
+        policies = {m: self._policy(m, p, config, target_cost, runners["draft"][1] if m == "draft" else PassCost(),
                                     target.packs) for m, p in proposers.items()}
         return DecodeCore(config, target, proposers, policies, StopRules(self.tokenizer, self.eos_ids),
                           Limits(self.manifest.max_len, self.gamma_max, self.target.spec.geometry.vocab_size))
 
-    def _policy(self, method: str, proposer, config: CoreConfig, target_curve, draft_curve,
+    def _policy(self, method: str, proposer, config: CoreConfig, target_cost: PassCost, draft_cost: PassCost,
                 packs: bool = False) -> SpeculationPolicy:
-        """The batch-aware γ policy of one method (the target's latency curve is shared by all of a core's);
+        """The batch-aware γ policy of one method (the target's pass costs are shared by all of a core's);
         ``packs``: the target runner packs rows (``Runner.packs``)."""
         cap = self.manifest.defaults.get("speculation_max_batch")
         tree = (proposer.max_nodes + 1, proposer.depth) if proposer.tree else None
-        draft_cost = method == "draft" or tree is not None
+        drafts = method == "draft" or tree is not None
         return SpeculationPolicy(PolicyConfig(
             gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
-            draft_cost=draft_cost, tree=tree, probe=not proposer.shadow, packed=packs and not draft_cost),
-            target_curve, draft_curve)
+            draft_cost=drafts, tree=tree, probe=not proposer.shadow, packed=packs and not drafts),
+            target_cost, draft_cost)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -290,7 +291,7 @@ class Runtime:
         return self._grammar_compiler
 
     def core(self, method: str, acceptance: str = "exact") -> DecodeCore:
-        """The batch-1 decode core of ``method`` (made once; the target's cache and latency curve shared)."""
+        """The batch-1 decode core of ``method`` (made once; the target's cache and pass costs shared)."""
         key = (method, acceptance)
         if key not in self._cores:
             roles = ("target", "draft") if "draft" in parse_methods(method) else ("target",)

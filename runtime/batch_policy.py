@@ -7,11 +7,11 @@ TensorRT-LLM's ``draft_len_schedule`` and vLLM's ``disable_by_batch_size`` encod
 (a table batch size -> γ, a batch size above which speculation is off). Here it is computed,
 every step, from measurements:
 
-    T(n)      measured seconds of one target pass over n = Q·B positions (``LatencyCurve``)
+    T(B, n)   measured seconds of one target pass of B rows over n positions in all (``PassCost``; T(B) = T(B, B))
     D(B)      measured seconds of one draft step at batch B (0 for n-gram lookup)
     α_b       each sequence's measured acceptance rate
 
-    throughput(γ) = Σ_b E[tokens](α_b, γ) / (T(B·(γ+1)) + γ·D(B))     E = (1 - α^(γ+1)) / (1 - α)
+    throughput(γ) = Σ_b E[tokens](α_b, γ) / (T(B, B·(γ+1)) + γ·D(B))     E = (1 - α^(γ+1)) / (1 - α)
     throughput(0) = B / T(B)
 
 and the policy runs the γ in 0..γmax with the highest predicted throughput (ties: the smaller γ), where it
@@ -34,75 +34,18 @@ call alone), and then re-measured every ``probe_every`` speculative steps.
 """
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .gamma import expected_tokens
+from .pass_cost import PassCost, batch_bucket
+
+PassSeconds = Callable[[int, int], float]  # (rows, positions in all) -> seconds of one target pass (PassCost.seconds)
 
 MIN_GAIN = 1.1  # tokens/s speculation must be predicted (and, under the guard, measured) to reach, as a multiple of
 # plain decoding's, to run: below it, timing noise and what the prediction leaves out outweigh the gain
-
-
-class LatencyCurve:
-    """Seconds of one call as a function of its size n, from noisy measurements.
-
-    Per measured n an EWMA, where one sample counts at most ``spike`` times the current estimate
-    (a call preempted by other load does not swing the policy; a new n between measured ones: the
-    curve's estimate there). Read back as a non-decreasing
-    curve (more positions never cost less; violations are pooled, not maxed, so noise at a small
-    n does not inflate every larger one), linearly interpolated between measured sizes, flat
-    below the smallest, and extended with the last segment's slope beyond the largest.
-    """
-
-    def __init__(self, decay: float = 0.9, spike: float = 2.0):
-        self.decay = decay  # weight kept by the old estimate on each new measurement
-        self.spike = spike  # a sample above spike * estimate is clipped to it
-        self.points: dict[int, float] = {}  # n -> EWMA seconds
-        self._curve = None  # (sizes, monotone seconds) of the current points; None after a record
-
-    def __bool__(self) -> bool:
-        return bool(self.points)
-
-    def record(self, n: int, seconds: float) -> None:
-        old = self.points.get(n)
-        if old is None:  # a new size between measured ones: at most spike times what its neighbours say
-            inside = self.points and min(self.points) < n < max(self.points)
-            self.points[n] = min(seconds, self.spike * self.seconds(n)) if inside else seconds
-        else:
-            self.points[n] = self.decay * old + (1 - self.decay) * min(seconds, self.spike * old)
-        self._curve = None
-
-    def seconds(self, n: int) -> float:
-        curve = self._curve
-        if curve is None:  # rebuilt once per change, not per lookup (the policy reads it ~10 times a step)
-            points = sorted(self.points.items())  # a snapshot: another thread may be recording
-            if not points:
-                raise ValueError("no measurements yet")
-            curve = self._curve = ([k for k, _ in points], monotone([t for _, t in points]))
-        ns, ts = curve
-        i = bisect.bisect_left(ns, n)
-        if i < len(ns) and ns[i] == n:
-            return ts[i]
-        if i == 0 or len(ns) == 1:
-            return ts[0]  # flat below the smallest measured size
-        if i < len(ns):  # between two measured sizes: linear
-            return ts[i - 1] + (ts[i] - ts[i - 1]) * (n - ns[i - 1]) / (ns[i] - ns[i - 1])
-        slope = max(0.0, (ts[-1] - ts[-2]) / (ns[-1] - ns[-2]))  # beyond the largest: the last segment's slope
-        return ts[-1] + slope * (n - ns[-1])
-
-
-def monotone(values: Sequence[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in values:
-        blocks.append([float(v), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
-    return [m for m, c in blocks for _ in range(c)]
 
 
 @dataclass(frozen=True)
@@ -120,24 +63,19 @@ CUT = PolicyDecision(0, 1.0, "cut")
 REASONS = ("policy", "probe", "cap", "fixed", "room", "guard", "cut")  # every PolicyDecision.reason (/metrics labels)
 
 
-def batch_bucket(batch: int) -> int:
-    """The evidence bucket of a batch size: 1, 2, 3-4, 5-8, 9-16, ... -> 0, 1, 2, 3, 4, ..."""
-    return (batch - 1).bit_length()
-
-
 class RealizedRates:
     """Measured tokens per second of whole steps (host + engine), per batch size, plain vs speculative.
 
     Per (bucket of batch sizes, speculative) decayed sums over steps of tokens per row, engine time relative to
-    what the latency curve said a plain step at that batch size cost then (``reference``, T(B)), host seconds and
+    what the pass costs said a plain step at that batch size cost then (``reference``, T(B)), host seconds and
     engine seconds. A rate at batch B puts what does not move with the machine's load or the rows' context
-    lengths (tokens per row, relative engine time, host time as a fraction of engine time) over the curve's
-    current cost of a plain step:
+    lengths (tokens per row, relative engine time, host time as a fraction of engine time) over the current cost
+    of a plain step:
 
         rate(B) = B · tokens per row / (T(B) · relative engine time · (1 + host / engine))
 
     so two arms measured minutes apart, under different load or at other context lengths, still compare (the
-    curve's points at the sizes only speculative steps reach are not read: they lag), and evidence carries over
+    costs of the passes only speculative steps run are not read: they lag), and evidence carries over
     between nearby batch sizes (buckets 1, 2, 3-4, 5-8, 9-16, ...: a server's batch shrinks one by one as its
     requests finish, and each size measured afresh would cost every size its own losing steps). Known once
     ``min_steps`` steps were recorded; one step's host seconds count at most ``spike`` times the
@@ -147,7 +85,7 @@ class RealizedRates:
         for _ in range(3):
             r.record(4, False, tokens=4, seconds=0.011, engine=0.010, reference=0.010)  # plain: 10% host
             r.record(4, True, tokens=6, seconds=0.033, engine=0.030, reference=0.010)  # speculative: 3x the engine
-        T = lambda n: 0.010  # the engine curve now
+        T = lambda b: 0.010  # a plain step's engine cost now
         r.rate(4, True, T) < r.rate(4, False, T)  # -> True (182 < 364 tok/s): speculation does not pay
     """
 
@@ -158,8 +96,8 @@ class RealizedRates:
 
     def record(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float,
                reference: float) -> None:
-        """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls, when the latency
-        curve gave a plain step at this batch size ``reference`` seconds."""
+        """One step: ``tokens`` emitted in ``seconds`` (wall), ``engine`` of them in engine calls, when the pass
+        costs gave a plain step at this batch size ``reference`` seconds."""
         arm = self.arms.setdefault((batch_bucket(batch), speculative), [0.0, 0.0, 0.0, 0.0, 0.0, 0])
         host = max(0.0, seconds - engine)
         if arm[5]:
@@ -170,8 +108,8 @@ class RealizedRates:
         arm[5] += 1
 
     def rate(self, batch: int, speculative: bool, target_seconds: Callable[[int], float]) -> float | None:
-        """Tokens/s of the arm at this batch size at the engine cost ``target_seconds`` (n -> seconds of one
-        pass) says now; None before ``min_steps`` steps."""
+        """Tokens/s of the arm at this batch size at the engine cost ``target_seconds`` (B -> seconds of a plain
+        pass of B rows) says now; None before ``min_steps`` steps."""
         arm = self.arms.get((batch_bucket(batch), speculative))
         if arm is None or arm[5] < self.min_steps:
             return None
@@ -185,7 +123,7 @@ class RealizedRates:
         self.arms.pop((batch_bucket(batch), speculative), None)
 
 
-def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callable[[int], float],
+def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: PassSeconds,
                     draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None) -> float:
     """Predicted tokens per second of one step that runs every sequence at draft length ``gamma``.
 
@@ -194,18 +132,18 @@ def step_throughput(gamma: int, alphas: Sequence[float], target_seconds: Callabl
     """
     b = len(alphas)
     if gamma == 0:
-        return b / max(target_seconds(b), 1e-12)
+        return b / max(target_seconds(b, b), 1e-12)
     if tree is None:
         tokens = sum(expected_tokens(a, gamma) for a in alphas)
-        cost = target_seconds(b * (gamma + 1)) + gamma * draft_seconds(b)
+        cost = target_seconds(b, b * (gamma + 1)) + gamma * draft_seconds(b)
     else:
         nodes, depth = tree
         tokens = sum(expected_tokens(a, depth) for a in alphas)
-        cost = target_seconds(b * nodes) + draft_seconds(b)
+        cost = target_seconds(b, b * nodes) + draft_seconds(b)
     return tokens / max(cost, 1e-12)
 
 
-def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callable[[int], float],
+def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: PassSeconds,
                  draft_seconds: Callable[[int], float], speculation_max_batch: int | None = None,
                  tree: tuple[int, int] | None = None, min_gain: float = MIN_GAIN, packed: bool = False) -> PolicyDecision:
     """The γ in 0..gamma_max (a tree method: 0 or 1 = its tree) with the highest predicted throughput for
@@ -221,8 +159,8 @@ def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callab
     if speculation_max_batch is not None and len(alphas) > speculation_max_batch:
         return PolicyDecision(0, 1.0, "cap")
     if packed and tree is None:
-        cuts, gain = packed_cuts([gamma_max] * len(alphas), alphas,
-                                 packed_seconds(target_seconds, len(alphas), gamma_max), min_gain=min_gain)
+        b = len(alphas)
+        cuts, gain = packed_cuts([gamma_max] * b, alphas, lambda m: target_seconds(b, b + m), min_gain=min_gain)
         return PolicyDecision(max(cuts), gain, "policy")
     choices = range(gamma_max + 1) if tree is None else range(2)
     rates = [step_throughput(g, alphas, target_seconds, draft_seconds, tree) for g in choices]
@@ -232,7 +170,7 @@ def choose_gamma(alphas: Sequence[float], gamma_max: int, target_seconds: Callab
     return PolicyDecision(best, rates[best] / rates[0], "policy")
 
 
-def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: Callable[[int], float],
+def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: PassSeconds,
               floor: int = 0, min_gain: float = MIN_GAIN) -> int:
     """How many of its proposed tokens each row verifies this step, decided once the proposals are made: the
     c in floor..max(lengths) with the highest predicted tokens per second of the pass, where that beats the
@@ -240,41 +178,26 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: C
 
     ``choose_gamma`` prices a step as if every row proposed γ tokens. A lookup proposer (n-gram, suffix) proposes
     what its match gives: 0..γ tokens per row. The pass still verifies every row at the longest chain's length (the
-    shorter ones padded), so B rows cost T(B·(c+1)) for Σ_b E[tokens](α_b, min(k_b, c)). ``floor``: a length no cut
+    shorter ones padded), so B rows cost T(B, B·(c+1)) for Σ_b E[tokens](α_b, min(k_b, c)). ``floor``: a length no cut
     goes below (rows whose chain must run whole: a fixed γ, a grammar's forced tokens, a sampled draft).
 
-        >>> T = lambda n: 0.004 + 0.001 * n  # seconds of a pass over n positions
+        >>> T = lambda b, n: 0.004 + 0.001 * n  # seconds of a pass of b rows over n positions
         >>> chain_cut([8, 0, 0, 0], [0.9] * 4, T)  # one row's long match does not pay for four rows' padding
         0
         >>> chain_cut([8, 8, 8, 8], [0.9] * 4, T), chain_cut([8], [0.9], T)
         (3, 7)
     """
     b = len(lengths)
-    rates = [sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas)) / max(target_seconds(b * (c + 1)), 1e-12)
+    rates = [sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas)) / max(target_seconds(b, b * (c + 1)), 1e-12)
              for c in range(floor, max([floor, *lengths]) + 1)]
     best = int(np.argmax(rates))  # first maximum: the shorter cut on ties
     return floor + best if rates[best] >= min_gain * rates[0] else floor
 
 
-def packed_seconds(target_seconds: Callable[[int], float], batch: int, gamma_max: int) -> Callable[[int], float]:
-    """Seconds of a packed pass over ``batch`` rows and m positions beyond each row's one: T(B) + m·s, with s a
-    position's share of a full verify pass at this batch size, (T(B·(γmax+1)) - T(B)) / (B·γmax). Not T(B + m):
-    the curve's points up to the largest batch are plain steps, where each position is another row attending over
-    its own cache (SmolLM2 int4, ~500 cached tokens: 1.5-3 ms a row at 8-12 rows, ~0.65 ms a verify position at 16).
-
-        >>> T = lambda n: 0.010 + 0.001 * n if n <= 4 else 0.012 + 0.0005 * n  # rows cost more than positions
-        >>> round(packed_seconds(T, 4, 4)(8), 4)  # 4 rows and 8 more positions: T(4) + 8 x (0.022 - 0.014) / 16
-        0.018
-    """
-    plain = target_seconds(batch)
-    share = max(0.0, target_seconds(batch * (gamma_max + 1)) - plain) / max(batch * gamma_max, 1)
-    return lambda m: plain + m * share
-
-
 def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: Callable[[int], float],
                 fixed: Sequence[bool] = (), min_gain: float = MIN_GAIN) -> tuple[list[int], float]:
     """``chain_cut`` for a pass that packs rows (each row pays for its own positions, no padding; ``pass_seconds``:
-    m -> seconds of the pass with m positions beyond each row's one, ``packed_seconds``): per row how many of its
+    m -> seconds of the pass with m positions beyond each row's one, T(B, B + m), elementwise on an array of m): per row how many of its
     ``lengths`` proposed tokens it verifies, and the predicted tokens/s over the plain pass's.
 
     Token j of row b's chain adds one position and α_b^j expected tokens (E[tokens](α, c) grows by α^(c+1)), so
@@ -295,11 +218,11 @@ def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: C
                     for j in range(1, k + 1)), reverse=True)  # (expected tokens it adds, row), best first
     plain = best = tokens / max(pass_seconds(base), 1e-12)
     taken = 0
-    for m, (value, _) in enumerate(steps, 1):
-        tokens += value
-        rate = tokens / max(pass_seconds(base + m), 1e-12)
-        if rate > best:
-            best, taken = rate, m
+    if steps:  # the pass taking the first m of them, m = 1, 2, ...: priced in one call (an array of counts)
+        rates = (tokens + np.cumsum([v for v, _ in steps])) / np.maximum(pass_seconds(base + np.arange(1, len(steps) + 1)), 1e-12)
+        m = int(np.argmax(rates))  # the first maximum: fewer positions on ties
+        if rates[m] > best:
+            best, taken = float(rates[m]), m + 1
     if best < min_gain * plain:
         best, taken = plain, 0
     cuts = [k if f else 0 for k, f in zip(lengths, fixed)]
@@ -309,24 +232,24 @@ def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: C
 
 
 def lookup_cuts(lengths: Sequence[int], alphas: Sequence[float], free: Sequence[bool],
-                target_seconds: Callable[[int], float], gamma_max: int, packed: bool,
+                target_seconds: PassSeconds, packed: bool,
                 min_gain: float = MIN_GAIN) -> list[int]:
     """Per row how many tokens of its chain the pass verifies: the ``free`` rows' (lookup chains the policy chose γ
     for) cut by ``packed_cuts`` where the pass packs rows, else all to one length by ``chain_cut``; the others whole.
 
-        >>> T = lambda n: 0.004 + 0.001 * n
-        >>> lookup_cuts([8, 0, 0, 0], [0.9] * 4, [True] * 4, T, 8, packed=False)  # padding: cut to nothing
+        >>> T = lambda b, n: 0.004 + 0.001 * n
+        >>> lookup_cuts([8, 0, 0, 0], [0.9] * 4, [True] * 4, T, packed=False)  # padding: cut to nothing
         [0, 0, 0, 0]
     """
     if packed:  # each row pays for its own positions
-        return packed_cuts(lengths, alphas, packed_seconds(target_seconds, len(lengths), gamma_max),
-                           [not f for f in free], min_gain)[0]
+        b = len(lengths)
+        return packed_cuts(lengths, alphas, lambda m: target_seconds(b, b + m), [not f for f in free], min_gain)[0]
     c = chain_cut(lengths, alphas, target_seconds, max([k for k, f in zip(lengths, free) if not f], default=0),
                   min_gain)  # every row pays for the longest chain's positions
     return [min(k, c) if f else k for k, f in zip(lengths, free)]
 
 
-def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: Callable[[int], float],
+def speculation_max_batch(alpha: float, max_batch: int, gamma_max: int, target_seconds: PassSeconds,
                           draft_seconds: Callable[[int], float], tree: tuple[int, int] | None = None,
                           min_gain: float = MIN_GAIN) -> int:
     """The largest batch size <= max_batch at which ``choose_gamma`` speculates when every sequence has
@@ -354,17 +277,16 @@ class PolicyConfig:
 
 
 class SpeculationPolicy:
-    """``choose_gamma`` with its measurements: the target's T(n) and the proposer's D(B) curves, and probing.
+    """``choose_gamma`` with its measurements: the target's T(B, n) and the proposer's D(B) costs, and probing.
 
     D(B): a draft model's step at batch B (recorded by its runner), or a tree method's proposer
     work per step at batch B (recorded by the decode core).
     """
 
-    def __init__(self, config: PolicyConfig, target_curve: LatencyCurve | None = None,
-                 draft_curve: LatencyCurve | None = None):
+    def __init__(self, config: PolicyConfig, target_cost: PassCost | None = None, draft_cost: PassCost | None = None):
         self.config = config
-        self.target_curve = target_curve if target_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one target pass
-        self.draft_curve = draft_curve if draft_curve is not None else LatencyCurve()  # n = Q·B -> seconds of one draft pass
+        self.target_cost = target_cost if target_cost is not None else PassCost()  # (B, n) -> seconds of a target pass
+        self.draft_cost = draft_cost if draft_cost is not None else PassCost()  # B -> seconds of a draft step
         self._idle_steps = 0
         self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
@@ -373,21 +295,21 @@ class SpeculationPolicy:
         # re-measured, steps between re-measurements: probe_every, doubling up to 4x while speculation keeps losing)
 
     def record_target(self, batch: int, q: int, seconds: float) -> None:
-        self.target_curve.record(batch * q, seconds)
+        self.target_cost.record(batch, batch * q, seconds)
 
     def record_draft(self, batch: int, q: int, seconds: float) -> None:
-        self.draft_curve.record(batch * q, seconds)
+        self.draft_cost.record(batch, batch * q, seconds)
 
     def record_step(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float) -> None:
         """A whole step of ``batch`` rows of this method: ``tokens`` emitted in ``seconds`` (host + ``engine``
-        seconds of target calls), rated against what the curve says a plain step at ``batch`` costs now."""
-        reference = self.target_curve.seconds(batch) if self.target_curve else engine
+        seconds of target calls), rated against what a plain step at ``batch`` costs now."""
+        reference = self.target_cost.seconds(batch) if self.target_cost else engine
         self.realized.record(batch, speculative, tokens, seconds, engine, reference)
 
     def draft_seconds(self, batch: int) -> float:
-        if not self.config.draft_cost or not self.draft_curve:
+        if not self.config.draft_cost or not self.draft_cost:
             return 0.0
-        return self.draft_curve.seconds(batch)
+        return self.draft_cost.seconds(batch)
 
     def decide(self, alphas: Sequence[float], fixed_gamma: int | None = None) -> PolicyDecision:
         """The γ of one step for sequences with acceptance ``alphas``; ``fixed_gamma`` (else the
@@ -398,10 +320,10 @@ class SpeculationPolicy:
             if self.last.reason != "fixed" or self.last.gamma != fixed:
                 self.last = PolicyDecision(fixed, 1.0, "fixed")
             return self.last
-        if not self.target_curve:  # nothing measured yet: plain decoding measures T(B)
+        if not self.target_cost:  # nothing measured yet: plain decoding measures T(B)
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
-        d = choose_gamma(alphas, cfg.gamma_max, self.target_curve.seconds, self.draft_seconds,
+        d = choose_gamma(alphas, cfg.gamma_max, self.target_cost.seconds, self.draft_seconds,
                          cfg.speculation_max_batch, cfg.tree, cfg.min_gain, cfg.packed)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:
             self._idle_steps += 1
@@ -427,7 +349,7 @@ class SpeculationPolicy:
         Every ``probe_every`` guarded steps on one arm the other arm is forgotten and measured afresh
         (``min_steps`` steps), so either can win back; while speculation keeps losing, the interval doubles
         (up to 4x)."""
-        t = self.target_curve.seconds
+        t = self.target_cost.seconds
         spec, plain = self.realized.rate(batch, True, t), self.realized.rate(batch, False, t)
         if spec is None:  # speculation not measured (again) yet at this batch size: as predicted
             return d
@@ -450,9 +372,9 @@ class SpeculationPolicy:
 
     def max_speculative_batch(self, alpha: float, max_batch: int) -> int:
         """``speculation_max_batch`` under the current measurements (and the manifest's cap)."""
-        if not self.target_curve:
+        if not self.target_cost:
             return 0
-        b = speculation_max_batch(alpha, max_batch, self.config.gamma_max, self.target_curve.seconds,
+        b = speculation_max_batch(alpha, max_batch, self.config.gamma_max, self.target_cost.seconds,
                                   self.draft_seconds, self.config.tree, self.config.min_gain)
         cap = self.config.speculation_max_batch
         return b if cap is None else min(b, cap)

@@ -66,9 +66,9 @@ class DecodeCore:
         self.target = target  # the target graph's runner: the cache of config.max_batch slots
         self.methods = parse_methods(config.method)  # the methods served; the first is a request's default
         self.proposers = by_method(proposers, self.methods, NoProposer())  # method -> its proposer
-        self.policies = by_method(policies, self.methods, None)  # method -> its γ policy (T(n) curve shared)
+        self.policies = by_method(policies, self.methods, None)  # method -> its γ policy (T(B, n) costs shared)
         self.policies["none"] = self.policies.get("none") or SpeculationPolicy(
-            PolicyConfig(limits.gamma_max, fixed_gamma=0), self.policy.target_curve)
+            PolicyConfig(limits.gamma_max, fixed_gamma=0), self.policy.target_cost)
         self.feature = target_feature(self.proposers)  # the target output the proposers read ("hidden" | ...)
         self.stops = stops
         self.max_len, self.gamma_max, self.vocab_size = limits.max_len, limits.gamma_max, limits.vocab_size
@@ -88,7 +88,7 @@ class DecodeCore:
 
     @property
     def policy(self) -> SpeculationPolicy:
-        """The first method's policy (their target latency curve is one and the same)."""
+        """The first method's policy (their target pass costs are one and the same)."""
         return self.policies[self.methods[0]]
 
     def fixed_gamma(self, gamma: int | None, method: str | None = None) -> int | None:
@@ -264,11 +264,11 @@ class DecodeCore:
             return proposals, decisions
         free = [p.q is None and not p.forced and row.request.gamma is None and decisions[row.method].reason == "policy"
                 for row, p in zip(rows, proposals)]
-        if not any(free) or not self.policy.target_curve:
+        if not any(free) or not self.policy.target_cost:
             return proposals, decisions
         lengths = [len(p.tokens) for p in proposals]
-        cuts = lookup_cuts(lengths, [row.alpha.alpha for row in rows], free, self.policy.target_curve.seconds,
-                           self.gamma_max, self.target.packs, self.policy.config.min_gain)
+        cuts = lookup_cuts(lengths, [row.alpha.alpha for row in rows], free, self.policy.target_cost.seconds,
+                           self.target.packs, self.policy.config.min_gain)
         if all(c >= k for c, k in zip(cuts, lengths)):
             return proposals, decisions
         proposals = [Proposal(p.tokens[:c]) if f else p for p, f, c in zip(proposals, free, cuts)]
@@ -434,9 +434,9 @@ class DecodeCore:
 
     def stats_for(self, row: Row) -> dict:
         acceptance = self.config.acceptance
-        curve = self.policy.target_curve
+        cost = self.policy.target_cost
         stats = sequence_stats(row.counts, row.method, len(row.out), row.proposer,
-                               curve.seconds if curve else (lambda n: 0.0), self.gamma_max, acceptance,
+                               (lambda n: cost.seconds(1, n)) if cost else (lambda n: 0.0), self.gamma_max, acceptance,
                                lossy=acceptance == "typical" and row.method == "medusa" and not row.params.greedy)
         if row.method != "none":
             stats["alpha_estimate"] = row.alpha.alpha  # the decayed estimate the policy used last
@@ -449,8 +449,9 @@ class DecodeCore:
     def calibrate(self, past: int | None = None, reps: int = 3) -> None:
         """Time target passes for B = 1, 2, 4, .., max_batch (Q = 1..γmax+1 at B = 1; Q = 1, γmax+1 or
         the tree size above) and draft passes at Q = 1, on stale cache entries of length ``past``. The
-        fastest of ``reps`` runs after a warm-up goes into the curves, the shapes taking turns (a burst of other
-        load does not skew them); sizes the curves already hold are skipped. Only while idle."""
+        fastest of ``reps`` runs after a warm-up goes into the costs (plain passes first: a verify pass is priced
+        beyond its rows'), the shapes taking turns (a burst of other load does not skew them); shapes the costs
+        already hold are skipped. Only while idle."""
         if self.rows:
             raise RuntimeError("calibrate only while no sequence is active")
         self.prefix.clear()  # the timed passes write into the slots
@@ -463,18 +464,14 @@ class DecodeCore:
         def target_qs(b: int):
             return sorted({*range(1, g + 2), *tops} if b == 1 and chains else {1, *tops})
 
-        plan = [(self.target, self.policy.target_curve, target_qs)]
+        plan = [(self.target, self.policy.target_cost, target_qs)]
         draft = self.proposers.get("draft")
         if draft is not None and draft.runner is not None:  # (a caller's own proposer may have no draft model)
-            plan.append((draft.runner, self.policies["draft"].draft_curve, lambda b: (1,)))
-        for runner, curve, shapes in plan:
-            todo = {}  # n -> the first (b, q) of that many positions the curve does not hold
-            for b in sizes:
-                for q in shapes(b):
-                    if b * q not in curve.points:
-                        todo.setdefault(b * q, (b, q))
-            for (b, q), seconds in time_passes(runner, list(todo.values()), past, reps).items():
-                curve.record(b * q, seconds)
+            plan.append((draft.runner, self.policies["draft"].draft_cost, lambda b: (1,)))
+        for runner, cost, shapes in plan:
+            todo = sorted(((b, q) for b in sizes for q in shapes(b) if not cost.known(b, b * q)), key=lambda s: s[1] > 1)
+            for (b, q), seconds in time_passes(runner, todo, past, reps).items():
+                cost.record(b, b * q, seconds)
             for slot in range(max(sizes)):
                 runner.set_length(slot, 0)
 

@@ -167,12 +167,11 @@ class InPlaceRunner(Runner):
             counts = np.asarray(counts, dtype=np.int64)
             n = int(counts.sum())
             if n < r * q and (lengths + counts <= self.max_len).all():
-                return self._timed(self._packed, 1, n, False, slots, ids, lengths, counts)  # (not one of the
-                # latency curve's sizes: N positions of R rows cost less than N rows' plain step, ``packed_seconds``)
+                return self._timed(self._packed, r, n, record, slots, ids, lengths, counts)
         positions = self.positions(lengths, q, depths)
         groups = self._groups(slots, lengths, q)
         if r > 1 and len(groups) == 1 and np.array_equal(groups[0], np.arange(r)):  # one call, rows in slot order:
-            outputs = self._timed(self._run, r, q, record, groups[0], slots, ids, lengths, positions, blocks)
+            outputs = self._timed(self._run, r, r * q, record, groups[0], slots, ids, lengths, positions, blocks)
             return Pass(slots, outputs["logits"], outputs, lengths)  # its bound outputs, not copied
         logits = np.empty((r, q, self.vocab_size), dtype=np.float32)  # every row's Q positions written by its call
         feats = {n: np.empty((r, q, w), dtype=np.float32) for n, w in self.features.items()}  # [R, Q, width] each
@@ -186,7 +185,7 @@ class InPlaceRunner(Runner):
                     whole[at, :n] = part  # copied out: the runner's next call rewrites the bound buffers
                     whole[at, n:] = 0  # (a row alone at the cache's end: its cut padding)
 
-        self._timed(run_groups, r, q, record)
+        self._timed(run_groups, r, r * q, record)
         return Pass(slots, logits, {"logits": logits, **feats}, lengths)
 
     def _packed(self, slots: np.ndarray, ids: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> Pass:

@@ -136,15 +136,16 @@ class Runner:
     def prefill_calls(self, n_tokens: int) -> int:
         return -(-n_tokens // self.prefill_chunk)
 
-    def _timed(self, call, rows: int, q: int, record: bool, *args):
-        """``call(*args)``, counted in ``engine_seconds`` / ``calls`` and, if ``record``, reported to ``on_call``."""
+    def _timed(self, call, rows: int, positions: int, record: bool, *args):
+        """``call(*args)`` over ``rows`` rows and ``positions`` positions in all, counted in ``engine_seconds`` /
+        ``calls`` and, if ``record``, reported to ``on_call``."""
         t0 = time.perf_counter()
         out = call(*args)
         dt = time.perf_counter() - t0
         self.engine_seconds += dt
         self.calls += 1
         if record and self.on_call is not None:
-            self.on_call(rows, q, dt)
+            self.on_call(rows, positions, dt)
         return out
 
     def positions(self, lengths: np.ndarray, q: int, depths=None) -> np.ndarray:
@@ -227,8 +228,8 @@ class Runner:
 class HostRunner(Runner):
     """One graph and its batched cache in host memory.
 
-    ``on_call(batch, q, seconds)`` (optional) receives the time of every recorded call: the
-    latency estimator's T(B·Q) curve. ``engine_seconds`` / ``calls`` add up every call.
+    ``on_call(rows, positions, seconds)`` (optional) receives the time of every recorded call: the
+    policy's T(B, n) costs (``PassCost``). ``engine_seconds`` / ``calls`` add up every call.
     """
 
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
@@ -278,7 +279,7 @@ class HostRunner(Runner):
             mask = apply_sliding_window(mask, positions, self.sliding_window)
         feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask,
                  **(feeds or {}), **self._past(slots, mask.shape[-1] - q)}
-        out = self._timed(lambda: self.engine.run(feeds), r, q, record)
+        out = self._timed(lambda: self.engine.run(feeds), r, r * q, record)
         return Pass(slots, out["logits"], out)
 
     def _past(self, slots: np.ndarray, past: int) -> dict[str, np.ndarray]:

@@ -178,3 +178,32 @@ def assert_greedy_equals_hf_past_window(model_dir, engine_dir, max_len: int = 20
     smallest = min((w for w in windows if w), default=max_len)
     return {"export_seconds": round(export_seconds, 1), "windows": windows, "prompt": prompt_tokens, "tokens": hf,
             "past_window": prompt_tokens + new_tokens - smallest}
+
+
+class FixedCost:
+    """A target's pass costs fixed for a test of the policy: ``curve(n)`` seconds for a pass over n positions in all,
+    whatever its rows (``PassCost``'s interface); recorded calls change nothing."""
+
+    def __init__(self, curve):
+        self.curve = curve  # n positions -> seconds
+
+    def __bool__(self) -> bool:
+        return True
+
+    def seconds(self, rows: int, positions=None):
+        if isinstance(positions, np.ndarray):
+            return np.array([self.curve(int(n)) for n in positions.ravel()]).reshape(positions.shape)
+        return self.curve(rows if positions is None else positions)
+
+    def record(self, rows: int, positions: int, seconds: float) -> None:
+        pass
+
+    def known(self, rows: int, positions: int) -> bool:
+        return True
+
+
+def fix_costs(core: DecodeCore, curve) -> None:
+    """Every policy of ``core`` prices passes by ``FixedCost(curve)`` (the calls so far recorded real timings)."""
+    cost = FixedCost(curve)
+    for policy in core.policies.values():
+        policy.target_cost = cost

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from reference import reference_penalize, reference_probs, run_all
+from reference import fix_costs, reference_penalize, reference_probs, run_all
 from specrt.export.hf_checkpoint import load_hf
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
 from specrt.runtime.sampling import SamplingParams
@@ -102,10 +102,7 @@ def run_trials_batched(rt, prompt, trials: int, vocab: int, method: str, max_bat
     seconds of a pass over n positions the policy prices steps with, instead of timing passes."""
     core = rt.new_core(CoreConfig(max_batch=max_batch, method=method, gamma=gamma, calibrate=curve is None))
     if curve is not None:
-        core.policy.target_curve.points.clear()
-        for n in range(1, 8 * max_batch * (rt.gamma_max + 1)):
-            core.policy.target_curve.record(n, curve(n))
-        core.policy.target_curve.record = lambda n, seconds: None  # frozen: the real passes do not blend in
+        fix_costs(core, curve)  # frozen: the real passes do not blend in
     requests = []
     for seed in range(trials):
         requests.append(SequenceRequest(f"t{seed}", prompt, SamplingParams(max_new_tokens=3, seed=seed, **sampling)))

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.batch_policy import REASONS, chain_cut, choose_gamma, packed_cuts, packed_seconds
+from specrt.runtime.batch_policy import REASONS, chain_cut, choose_gamma, packed_cuts
 from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.proposers import EMPTY, NoProposer, Proposal
 from specrt.runtime.sampling import SamplingParams
-from reference import requests_for, run_all
+from reference import fix_costs, requests_for, run_all
 from stat_harness import P_MIN, exact_joint, p_values, run_trials_batched
 from specrt.export.hf_checkpoint import load_hf
 
 
-def linear(n: int) -> float:
-    """A compute-bound target: 4 ms a pass + 1 ms a position."""
+def linear(b: int, n: int) -> float:
+    """A compute-bound target: 4 ms a pass + 1 ms a position (b rows, n positions)."""
     return 0.004 + 0.001 * n
 
 
@@ -32,7 +32,7 @@ def test_one_long_match_does_not_pay_for_the_batch_padding():
 
 
 def test_a_flat_curve_keeps_every_token_and_the_floor_holds():
-    flat = lambda n: 0.01  # noqa: E731 - memory-bound: positions are free
+    flat = lambda b, n: 0.01  # noqa: E731 - memory-bound: positions are free
     assert chain_cut([8, 0, 3, 0], [0.5] * 4, flat) == 8
     assert chain_cut([8, 0, 0, 0], [0.9] * 4, linear, floor=2) == 2  # a fixed-γ row's chain runs whole
     assert chain_cut([], [], linear) == 0 and chain_cut([0, 0], [0.9, 0.9], linear) == 0
@@ -51,11 +51,9 @@ def test_packed_rows_pay_their_own_positions_best_tokens_first():
 
 
 def test_packed_pricing_charges_positions_not_rows():
-    rows_cost_more = lambda n: 0.002 * n if n <= 4 else 0.006 + 0.0005 * n  # noqa: E731 - plain rows up to 4
-    assert packed_seconds(rows_cost_more, 4, 4)(8) == pytest.approx(0.008 + 8 * (0.016 - 0.008) / 16)
     # choose_gamma on a packing target: two rows' chains, where a padded pass would speculate on none (the 14
-    # others' padding would not pay)
-    alphas, curve = [0.95] * 2 + [0.1] * 14, lambda n: 0.001 * n if n <= 16 else 0.016 + 0.0003 * (n - 16)  # noqa: E731
+    # others' padding would not pay): a row costs 1 ms, a position beyond the rows' 0.3 ms
+    alphas, curve = [0.95] * 2 + [0.1] * 14, lambda b, n: 0.001 * b + 0.0003 * (n - b)  # noqa: E731
     assert choose_gamma(alphas, 4, curve, lambda b: 0.0).gamma == 0
     decision = choose_gamma(alphas, 4, curve, lambda b: 0.0, packed=True)
     assert decision.gamma == 4 and decision.predicted_speedup > 1.1
@@ -80,22 +78,15 @@ def rt(llama_fused_engine):
 
 
 def first_step(rt, lengths: dict, curve, packs: bool = False):
-    """The first step of a batch of len(lengths) rows under a synthetic target curve, on a target runner that packs
-    rows or pads them."""
+    """The first step of a batch of len(lengths) rows under synthetic target costs (``curve``: n positions -> seconds),
+    on a target runner that packs rows or pads them."""
     core = rt.new_core(CoreConfig(max_batch=len(lengths), method="ngram", calibrate=False), proposer=Lengths(lengths))
     assert core.target.packs, "the fused test engine runs specrt's attention kernel"
     core.target.packs = core.policy.config.packed = packs
     for i, rid in enumerate(lengths):
         core.add(SequenceRequest(rid, [3, 1, 4, 1, 5][: i + 1], SamplingParams(max_new_tokens=8)))
-    synthetic(core, curve)
+    fix_costs(core, curve)
     return core.step()[1]
-
-
-def synthetic(core, curve, sizes=range(1, 41)):
-    """The core's target curve replaced by ``curve`` (the calls so far recorded real timings)."""
-    core.policy.target_curve.points.clear()
-    for n in sizes:
-        core.policy.target_curve.record(n, curve(n))
 
 
 @pytest.mark.parametrize("packs", [False, True])
@@ -122,7 +113,7 @@ def test_greedy_rows_under_a_steep_curve_equal_plain(rt, method):
     """A steep curve: the policy speculates on α and the core cuts most passes; every row is plain greedy."""
     prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [2, 3] * 6, [5], list(range(1, 12))]
     core = rt.new_core(CoreConfig(max_batch=4, method=method, calibrate=False))
-    synthetic(core, lambda n: 0.010 + 0.00075 * max(0, n - 4))
+    fix_costs(core, lambda n: 0.010 + 0.00075 * max(0, n - 4))
     cut, core_cut = [], core._cut
 
     def counted(rows, proposals, decisions):

@@ -4,8 +4,8 @@ import pytest
 
 import specrt
 from specrt.runtime.core import CoreConfig, DecodeCore, SequenceRequest
-from specrt.runtime.batch_policy import (LatencyCurve, PolicyConfig, SpeculationPolicy, choose_gamma, monotone,
-                                         speculation_max_batch)
+from specrt.runtime.batch_policy import PolicyConfig, SpeculationPolicy, choose_gamma, speculation_max_batch
+from specrt.runtime.pass_cost import LatencyCurve, PassCost, monotone
 from specrt.runtime.sampling import SamplingError, SamplingParams
 from reference import fresh_logits, requests_for, run_all
 
@@ -127,8 +127,10 @@ def test_generator_rejects_bad_config(rt):
 def test_calibration_measures_the_batch_curve(rt):
     gen = rt.new_core(CoreConfig(max_batch=3, method="draft"))
     g = rt.gamma_max
-    assert set(gen.policy.target_curve.points) == {*range(1, g + 2), *(b * q for b in (2, 3) for q in (1, g + 1))}
-    assert set(gen.policy.draft_curve.points) == {1, 2, 3}
+    cost = gen.policy.target_cost  # plain passes of 1, 2, 3 rows; 1..g positions more at 1 row, g more a row at 2, 3
+    assert set(cost.rows.points) == {1, 2, 3}
+    assert {k: set(c.points) for k, c in cost.extra.items()} == {0: set(range(1, g + 1)), 1: {2 * g}, 2: {3 * g}}
+    assert set(gen.policy.draft_cost.rows.points) == {1, 2, 3} and not gen.policy.draft_cost.extra
     assert not gen.target.lengths.any() and not gen.proposer.runner.lengths.any()
     gen.add(SequenceRequest("a", PROMPTS[1], SamplingParams(max_new_tokens=10)))
     _, report = gen.step()
@@ -136,8 +138,8 @@ def test_calibration_measures_the_batch_curve(rt):
 
 
 # ---- the policy, on synthetic measurements ------------------------------------------------------
-def ridge(n: int) -> float:
-    """A synthetic target: memory-bound (flat, 1 s) up to 32 positions, compute-bound (linear) beyond."""
+def ridge(b: int, n: int) -> float:
+    """A synthetic target: memory-bound (flat, 1 s) up to 32 positions, compute-bound (linear) beyond (b rows)."""
     return max(1.0, n / 32)
 
 
@@ -211,11 +213,29 @@ def test_latency_curve_caps_a_new_size_between_measured_ones():
 
 def test_runner_curve_leaves_out_each_shapes_first_call(rt):
     """A shape's first call also pays ONNX Runtime's setup of it; priced in, it made plain steps look dear."""
-    runner, curve = rt.runner("target", 2)
+    runner, cost = rt.runner("target", 2)
     for _ in range(3):
         runner.forward([0, 1], [[5], [6]])
     runner.forward([0], [[5, 6, 7]])
-    assert set(curve.points) == {2}  # (2, 1) twice after its first call; (1, 3) once: its first
+    assert set(cost.rows.points) == {2} and not cost.extra  # (2, 1) twice after its first call; (1, 3) once: its first
+
+
+def test_pass_cost_prices_rows_and_positions_apart():
+    """A verify pass of one row over 4 positions is not a plain step of 4 rows: the positions beyond the rows' one
+    are priced per bucket of batch sizes, by what they added to a plain pass of those rows."""
+    c = PassCost()
+    c.record(1, 1, 0.006)
+    c.record(4, 4, 0.011)
+    c.record(1, 4, 0.008)  # one row, 3 positions more: 2 ms
+    assert c.seconds(4) == 0.011 and c.seconds(1, 4) == pytest.approx(0.008)
+    assert c.seconds(4, 7) == pytest.approx(0.013)  # bucket 3-4 measured none: the nearest bucket's 3 positions
+    c.record(16, 16, 0.030)
+    c.record(16, 24, 0.0355)  # a packed pass: 8 positions beyond 16 rows' add 5.5 ms
+    assert c.seconds(16, 20) == pytest.approx(0.030 + 0.00275)  # linear from 0 below the smallest measured count
+    assert c.seconds(4, 7) == pytest.approx(0.011 + 0.0055 * 3 / 8)  # buckets 1 and 9-16 as near: the larger's
+    assert c.known(16, 24) and not c.known(16, 20) and c.known(4, 4) and not c.known(2, 2)
+    c.clear()
+    assert not c
 
 
 def test_latency_curve_is_non_decreasing_despite_noise():
@@ -229,7 +249,7 @@ def test_latency_curve_is_non_decreasing_despite_noise():
 def test_policy_turns_a_tree_off_when_the_batch_fills_the_hardware():
     """A tree method's one speculative choice is its whole tree: on while Σ E(α, depth) / (T(B·N) + D(B))
     beats B / T(B). Here T is flat up to 16 positions (the ridge) and linear beyond."""
-    t = lambda n: 1.0 if n <= 16 else n / 16  # noqa: E731
+    t = lambda b, n: 1.0 if n <= 16 else n / 16  # noqa: E731
     d = lambda b: 0.1  # noqa: E731  the proposer's work per step
     tree = (12, 3)  # nodes, depth: E(0.7, 3) = 2.53 tokens per row and pass
     assert choose_gamma([0.7], 4, t, d, tree=tree).gamma == 1  # 2.53 / 1.1 > 1 / 1

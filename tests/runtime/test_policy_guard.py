@@ -28,7 +28,7 @@ def run(policy: SpeculationPolicy, steps: int, batch: int, spec_rate: float, pla
         d = policy.decide([0.9] * batch)
         rate = spec_rate if d.gamma > 0 else plain_rate
         tokens = 3 * batch if d.gamma > 0 else batch
-        engine = policy.target_curve.seconds(batch * (d.gamma + 1))  # the rest of the step is host time
+        engine = policy.target_cost.seconds(batch, batch * (d.gamma + 1))  # the rest of the step is host time
         policy.record_step(batch, d.gamma > 0, tokens, tokens / rate, engine)
         out.append(d)
     return out
@@ -130,7 +130,7 @@ def test_speculation_needs_min_gain_over_plain():
     decisions = run(policy, 60, batch=4, spec_rate=420.0, plain_rate=400.0)
     later = decisions[20:]
     assert sum(d.gamma > 0 for d in later) <= 3 * len(later) / (8 + 3) + 3  # only the re-measurements
-    T = lambda n: 0.004 + 0.001 * n  # noqa: E731
+    T = lambda b, n: 0.004 + 0.001 * n  # noqa: E731
     assert choose_gamma([0.58] * 4, 4, T, lambda b: 0.0, min_gain=1.0).gamma == 1  # 1.05x predicted ...
     assert choose_gamma([0.58] * 4, 4, T, lambda b: 0.0).gamma == 0  # ... is not enough
     assert chain_cut([1, 1, 1, 1], [0.58] * 4, T, min_gain=1.0) == 1 and chain_cut([1, 1, 1, 1], [0.58] * 4, T) == 0

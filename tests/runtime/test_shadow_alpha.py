@@ -14,7 +14,7 @@ from reference import requests_for, run_all
 
 
 def costly_verification(gamma_max: int = 4) -> SpeculationPolicy:
-    """A lookup method's policy (no probes) whose engine curve makes every γ > 0 lose: T(n) = n seconds."""
+    """A lookup method's policy (no probes) whose engine costs make every γ > 0 lose: n positions cost n seconds."""
     policy = SpeculationPolicy(PolicyConfig(gamma_max=gamma_max, draft_cost=False, probe=False))
     for n in range(1, 81):
         policy.record_target(1, n, float(n))
@@ -25,7 +25,7 @@ def test_a_policy_without_probes_never_probes():
     policy = costly_verification()
     assert {(d.gamma, d.reason) for d in (policy.decide([0.9] * 4) for _ in range(200))} == {(0, "policy")}
     probing = SpeculationPolicy(PolicyConfig(gamma_max=4, draft_cost=False, probe_every=8))
-    probing.target_curve, probing.realized = policy.target_curve, policy.realized
+    probing.target_cost, probing.realized = policy.target_cost, policy.realized
     assert "probe" in {probing.decide([0.9] * 4).reason for _ in range(20)}
 
 
