@@ -28,12 +28,14 @@ class LatencyCurve:
     curve's estimate there). Read back as a non-decreasing
     curve (more positions never cost less; violations are pooled, not maxed, so noise at a small
     n does not inflate every larger one), linearly interpolated between measured sizes, flat
-    below the smallest, and extended with the last segment's slope beyond the largest.
+    below the smallest (``origin``: linear from 0 s at n = 0), and extended with the last segment's slope beyond
+    the largest.
     """
 
-    def __init__(self, decay: float = 0.9, spike: float = 2.0):
+    def __init__(self, decay: float = 0.9, spike: float = 2.0, origin: bool = False):
         self.decay = decay  # weight kept by the old estimate on each new measurement
         self.spike = spike  # a sample above spike * estimate is clipped to it
+        self.origin = origin  # whether n = 0 costs 0 (what positions add to a pass), else the smallest size's
         self.points: dict[int, float] = {}  # n -> EWMA seconds
         self._curve = None  # (sizes, monotone seconds) of the current points; None after a record
 
@@ -56,6 +58,7 @@ class LatencyCurve:
             points = sorted(self.points.items())  # a snapshot: another thread may be recording
             if not points:
                 raise ValueError("no measurements yet")
+            points = [(0, 0.0), *points] if self.origin else points
             curve = self._curve = ([k for k, _ in points], monotone([t for _, t in points]))
         ns, ts = curve
         if isinstance(n, np.ndarray):  # np.interp is flat beyond both ends: then the last segment's slope
@@ -93,7 +96,7 @@ class PassCost:
 
     ``rows``: a LatencyCurve of plain passes (one position a row); per bucket of batch sizes a LatencyCurve of
     what the positions beyond the rows' one added (a call's seconds minus the plain pass of its rows then, at
-    least 0), read linearly from 0 below its smallest measured count. A bucket with none reads its nearest
+    least 0), read linearly from 0 s at none. A bucket with none measured reads its nearest
     measured one's. A draft model's or a proposer's cost records plain passes only.
 
         >>> c = PassCost()
@@ -109,7 +112,7 @@ class PassCost:
     def __init__(self, decay: float = 0.9, spike: float = 2.0):
         self.rows = LatencyCurve(decay, spike)  # B -> seconds of a plain pass of B rows
         self.extra: dict[int, LatencyCurve] = {}  # batch_bucket(B) -> (m -> seconds m positions add)
-        self._decay, self._spike = decay, spike
+        self._decay, self._spike = decay, spike  # (for the extra curves made as their buckets are measured)
 
     def __bool__(self) -> bool:
         return bool(self.rows)
@@ -120,7 +123,8 @@ class PassCost:
             self.rows.record(rows, seconds)
             return
         extra = max(0.0, seconds - self.rows.seconds(rows))
-        self.extra.setdefault(batch_bucket(rows), LatencyCurve(self._decay, self._spike)).record(positions - rows, extra)
+        bucket = self.extra.setdefault(batch_bucket(rows), LatencyCurve(self._decay, self._spike, origin=True))
+        bucket.record(positions - rows, extra)
 
     def known(self, rows: int, positions: int) -> bool:
         """Whether a call of this shape was recorded (at its bucket, for the positions beyond the rows)."""
@@ -136,15 +140,8 @@ class PassCost:
             return plain if positions is None or np.ndim(positions) == 0 else np.full(np.shape(positions), plain)
         k = batch_bucket(rows)
         curve = self.extra[min(self.extra, key=lambda j: (abs(j - k), -j))]  # this bucket, else the nearest
-        smallest = min(curve.points)
-        if isinstance(positions, np.ndarray):
-            m = np.maximum(positions - rows, 0)
-            return plain + np.where(m >= smallest, curve.seconds(np.maximum(m, smallest)),
-                                    curve.seconds(smallest) * m / smallest)
-        m = positions - rows
-        if m <= 0:
-            return plain
-        return plain + (curve.seconds(m) if m >= smallest else curve.seconds(smallest) * m / smallest)
+        m = np.maximum(positions - rows, 0) if isinstance(positions, np.ndarray) else max(positions - rows, 0)
+        return plain + curve.seconds(m)
 
     def clear(self) -> None:
         """Forget every measurement."""
