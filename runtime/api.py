@@ -266,7 +266,7 @@ class Runtime:
         return DecodeCore(config, target, proposers, policies, StopRules(self.tokenizer, self.eos_ids),
                           Limits(self.manifest.max_len, self.gamma_max, self.target.spec.geometry.vocab_size))
 
-    def _policy(self, method: str, proposer, config: CoreConfig, target_cost: PassCost, draft_cost: PassCost,
+    def _policy(self, method: str, proposer, config: CoreConfig, target_cost: PassCost, proposer_cost: PassCost,
                 packs: bool = False) -> SpeculationPolicy:
         """The batch-aware γ policy of one method (the target's pass costs are shared by all of a core's);
         ``packs``: the target runner packs rows (``Runner.packs``)."""
@@ -277,7 +277,7 @@ class Runtime:
             gamma_max=self.gamma_max, fixed_gamma=fixed_gamma(method, proposer, config.gamma),
             speculation_max_batch=int(cap) if cap is not None else None, probe_every=config.probe_every,
             draft_cost=drafts, tree=tree, probe=not proposer.shadow, packed=packs and not drafts),
-            target_cost, draft_cost)
+            target_cost, proposer_cost)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:

@@ -178,8 +178,8 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: P
 
     ``choose_gamma`` prices a step as if every row proposed γ tokens. A lookup proposer (n-gram, suffix) proposes
     what its match gives: 0..γ tokens per row. The pass still verifies every row at the longest chain's length (the
-    shorter ones padded), so B rows cost T(B, B·(c+1)) for Σ_b E[tokens](α_b, min(k_b, c)). ``floor``: a length no cut
-    goes below (rows whose chain must run whole: a fixed γ, a grammar's forced tokens, a sampled draft).
+    shorter ones padded), so B rows cost T(B, B·(c+1)) for Σ_b E[tokens](α_b, min(k_b, c)). ``floor``: a length no
+    cut goes below (rows whose chain must run whole: a fixed γ, a grammar's forced tokens, a sampled draft).
 
         >>> T = lambda b, n: 0.004 + 0.001 * n  # seconds of a pass of b rows over n positions
         >>> chain_cut([8, 0, 0, 0], [0.9] * 4, T)  # one row's long match does not pay for four rows' padding
@@ -188,8 +188,8 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: P
         (3, 7)
     """
     b = len(lengths)
-    rates = [sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas)) / max(target_seconds(b, b * (c + 1)), 1e-12)
-             for c in range(floor, max([floor, *lengths]) + 1)]
+    rates = [sum(expected_tokens(a, min(k, c)) for k, a in zip(lengths, alphas))
+             / max(target_seconds(b, b * (c + 1)), 1e-12) for c in range(floor, max([floor, *lengths]) + 1)]
     best = int(np.argmax(rates))  # first maximum: the shorter cut on ties
     return floor + best if rates[best] >= min_gain * rates[0] else floor
 
@@ -197,8 +197,8 @@ def chain_cut(lengths: Sequence[int], alphas: Sequence[float], target_seconds: P
 def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: Callable[[int], float],
                 fixed: Sequence[bool] = (), min_gain: float = MIN_GAIN) -> tuple[list[int], float]:
     """``chain_cut`` for a pass that packs rows (each row pays for its own positions, no padding; ``pass_seconds``:
-    m -> seconds of the pass with m positions beyond each row's one, T(B, B + m), elementwise on an array of m): per row how many of its
-    ``lengths`` proposed tokens it verifies, and the predicted tokens/s over the plain pass's.
+    m -> seconds of the pass with m positions beyond each row's one, T(B, B + m), elementwise on an array of m): per
+    row how many of its ``lengths`` proposed tokens it verifies, and the predicted tokens/s over the plain pass's.
 
     Token j of row b's chain adds one position and α_b^j expected tokens (E[tokens](α, c) grows by α^(c+1)), so
     the chains' tokens are taken best first, as long as the pass's predicted tokens per second grows; the cuts
@@ -219,7 +219,8 @@ def packed_cuts(lengths: Sequence[int], alphas: Sequence[float], pass_seconds: C
     plain = best = tokens / max(pass_seconds(base), 1e-12)
     taken = 0
     if steps:  # the pass taking the first m of them, m = 1, 2, ...: priced in one call (an array of counts)
-        rates = (tokens + np.cumsum([v for v, _ in steps])) / np.maximum(pass_seconds(base + np.arange(1, len(steps) + 1)), 1e-12)
+        seconds = pass_seconds(base + np.arange(1, len(steps) + 1))
+        rates = (tokens + np.cumsum([v for v, _ in steps])) / np.maximum(seconds, 1e-12)
         m = int(np.argmax(rates))  # the first maximum: fewer positions on ties
         if rates[m] > best:
             best, taken = float(rates[m]), m + 1
@@ -283,10 +284,12 @@ class SpeculationPolicy:
     work per step at batch B (recorded by the decode core).
     """
 
-    def __init__(self, config: PolicyConfig, target_cost: PassCost | None = None, draft_cost: PassCost | None = None):
+    def __init__(self, config: PolicyConfig, target_cost: PassCost | None = None,
+                 proposer_cost: PassCost | None = None):
         self.config = config
         self.target_cost = target_cost if target_cost is not None else PassCost()  # (B, n) -> seconds of a target pass
-        self.draft_cost = draft_cost if draft_cost is not None else PassCost()  # B -> seconds of a draft step
+        self.proposer_cost = proposer_cost if proposer_cost is not None else PassCost()  # B -> D(B), seconds of a
+        # draft step or of a tree method's proposer work per step (read where config.draft_cost)
         self._idle_steps = 0
         self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
@@ -298,7 +301,7 @@ class SpeculationPolicy:
         self.target_cost.record(batch, batch * q, seconds)
 
     def record_draft(self, batch: int, q: int, seconds: float) -> None:
-        self.draft_cost.record(batch, batch * q, seconds)
+        self.proposer_cost.record(batch, batch * q, seconds)
 
     def record_step(self, batch: int, speculative: bool, tokens: int, seconds: float, engine: float) -> None:
         """A whole step of ``batch`` rows of this method: ``tokens`` emitted in ``seconds`` (host + ``engine``
@@ -307,9 +310,9 @@ class SpeculationPolicy:
         self.realized.record(batch, speculative, tokens, seconds, engine, reference)
 
     def draft_seconds(self, batch: int) -> float:
-        if not self.config.draft_cost or not self.draft_cost:
+        if not self.config.draft_cost or not self.proposer_cost:
             return 0.0
-        return self.draft_cost.seconds(batch)
+        return self.proposer_cost.seconds(batch)
 
     def decide(self, alphas: Sequence[float], fixed_gamma: int | None = None) -> PolicyDecision:
         """The γ of one step for sequences with acceptance ``alphas``; ``fixed_gamma`` (else the

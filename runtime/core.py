@@ -467,9 +467,10 @@ class DecodeCore:
         plan = [(self.target, self.policy.target_cost, target_qs)]
         draft = self.proposers.get("draft")
         if draft is not None and draft.runner is not None:  # (a caller's own proposer may have no draft model)
-            plan.append((draft.runner, self.policies["draft"].draft_cost, lambda b: (1,)))
+            plan.append((draft.runner, self.policies["draft"].proposer_cost, lambda b: (1,)))
         for runner, cost, shapes in plan:
-            todo = sorted(((b, q) for b in sizes for q in shapes(b) if not cost.known(b, b * q)), key=lambda s: s[1] > 1)
+            todo = [(b, q) for b in sizes for q in shapes(b) if not cost.known(b, b * q)]
+            todo.sort(key=lambda s: s[1] > 1)  # plain passes first (stable: sizes ascending)
             for (b, q), seconds in time_passes(runner, todo, past, reps).items():
                 cost.record(b, b * q, seconds)
             for slot in range(max(sizes)):

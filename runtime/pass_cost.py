@@ -130,7 +130,8 @@ class PassCost:
         """Whether a call of this shape was recorded (at its bucket, for the positions beyond the rows)."""
         if positions <= rows:
             return rows in self.rows.points
-        return positions - rows in self.extra.get(batch_bucket(rows), LatencyCurve()).points
+        bucket = self.extra.get(batch_bucket(rows))
+        return bucket is not None and positions - rows in bucket.points
 
     def seconds(self, rows: int, positions=None):
         """Seconds of a pass of ``rows`` rows and ``positions`` positions (None: ``rows``, a plain pass; an array of

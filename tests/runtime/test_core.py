@@ -52,7 +52,7 @@ def test_stop_string_inside_accepted_run(rt):
 def synthetic_costs(policy: SpeculationPolicy, c: float, ratio) -> SpeculationPolicy:
     """Set the policy's measured costs: T(γ+1)/T(1) = ratio(γ), one draft step = c target steps."""
     policy.target_cost.clear()
-    policy.draft_cost.clear()
+    policy.proposer_cost.clear()
     for g in range(policy.config.gamma_max + 1):
         policy.record_target(1, g + 1, ratio(g))
     policy.record_draft(1, 1, c)

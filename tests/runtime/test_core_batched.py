@@ -130,7 +130,7 @@ def test_calibration_measures_the_batch_curve(rt):
     cost = gen.policy.target_cost  # plain passes of 1, 2, 3 rows; 1..g positions more at 1 row, g more a row at 2, 3
     assert set(cost.rows.points) == {1, 2, 3}
     assert {k: set(c.points) for k, c in cost.extra.items()} == {0: set(range(1, g + 1)), 1: {2 * g}, 2: {3 * g}}
-    assert set(gen.policy.draft_cost.rows.points) == {1, 2, 3} and not gen.policy.draft_cost.extra
+    assert set(gen.policy.proposer_cost.rows.points) == {1, 2, 3} and not gen.policy.proposer_cost.extra
     assert not gen.target.lengths.any() and not gen.proposer.runner.lengths.any()
     gen.add(SequenceRequest("a", PROMPTS[1], SamplingParams(max_new_tokens=10)))
     _, report = gen.step()
