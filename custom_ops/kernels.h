@@ -2,6 +2,8 @@
 // RegisterCustomOps (attention.cpp).
 #pragma once
 
+#include <cstdint>
+
 struct OrtCustomOp;
 
 // ai.specrt::MatMulNBits (matmul_nbits.cpp): nullptr where the compiler cannot build its AVX-512 VNNI code
@@ -17,3 +19,14 @@ const OrtCustomOp* specrt_matmul_int8_op();
 
 // Whether the graphs' int8 matmuls go to it (custom_ops/__init__.py int8_code): AVX-512 VNNI and AMX's int8 tiles.
 bool specrt_matmul_int8_runs();
+
+// Whether AMX's int8 tiles run in this process: the CPU has them, Linux granted them (asked once), and SPECRT_NO_AMX is
+// not 1 (the tests compare the paths). Both matmuls take them for calls of many rows (matmul_int8.cpp).
+bool specrt_amx_enabled();
+
+// AMX's ldtilecfg operand, 64 bytes: palette 1, then each tile register's bytes a row and rows (both matmuls' AMX paths)
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};

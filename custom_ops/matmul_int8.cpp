@@ -130,13 +130,6 @@ void vnni_group(const Packed& p, const uint8_t* a, int64_t row0, const float* ro
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")
 
-// ldtilecfg's 64 bytes: palette 1, then each tile register's bytes a row and rows
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // AMX: rows [row0, row0 + rows) x groups [g, g_end), two groups a pass sharing each A tile. Tiles: 0 = A (rows x 64
 // K-values), 1 and 2 = B (the two groups' chunk), 3 and 4 = C (rows x 16 int32 sums).
 void amx_groups(const Packed& p, const uint8_t* a, int64_t row0, int rows, const float* row_scale, int64_t g,
@@ -312,7 +305,9 @@ MatMulInt8Op matmul_int8_op;
 
 const OrtCustomOp* specrt_matmul_int8_op() { return &matmul_int8_op; }
 bool specrt_matmul_int8_runs() { return specrt_matmul_nbits_runs() && cpu_has_amx(); }
+bool specrt_amx_enabled() { return amx_enabled(); }
 #else
 const OrtCustomOp* specrt_matmul_int8_op() { return nullptr; }
 bool specrt_matmul_int8_runs() { return false; }
+bool specrt_amx_enabled() { return false; }
 #endif

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import (KernelError, attention_library, fuse_norms, fuse_swiglu, matmul_code,
+from specrt.custom_ops import (KernelError, attention_library, fuse_norms, fuse_swiglu, int8_code, matmul_code,
                                use_specrt_matmul)
 from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
@@ -83,6 +83,27 @@ def test_a_row_does_not_depend_on_the_calls_other_rows(library):
     whole = ours.run(None, {"A": a})[0]
     for lo, hi in [(0, 1), (3, 4), (18, 19), (2, 7), (10, 16), (5, 16)]:
         assert np.array_equal(ours.run(None, {"A": a[:, lo:hi]})[0], whole[:, lo:hi]), (lo, hi)
+
+
+@pytest.mark.parametrize("swiglu", [False, True], ids=["matmul", "swiglu"])
+def test_amx_tiles_give_the_register_tiles_bits(library, monkeypatch, swiglu):
+    """Where the CPU has AMX, a call's rows in tiles of 16 (the last one of at least 9) take AMX's int8 tiles: the
+    same int32 sums of each block and the same float steps as the VNNI register tiles, so the same bits, and a row's
+    bits still do not depend on the call's other rows (a decode step, 1 row, always takes the register tiles)."""
+    if not int8_code():
+        pytest.skip("the int4 matmul's AMX path needs AMX's int8 tiles (custom_ops.int8_code)")
+    k, n = 576, 192
+    model = fused(swiglu_model(k, n))[0] if swiglu else matmul_model(k, n, "ai.specrt")
+    amx = session(model, library)
+    monkeypatch.setenv("SPECRT_NO_AMX", "1")  # read when the session packs the weights
+    vnni = session(model, library)
+    a = np.random.default_rng(6).standard_normal((1, 41, k)).astype(np.float32) * 4
+    a[0, 20, :32] = 0.0  # a block of zeros: scale 0
+    for rows in (9, 12, 16, 17, 24, 25, 41):  # one partial tile; 16 + 1 (a register tile); 16 + 9 (two tiles); ...
+        got = amx.run(None, {"A": a[:, :rows]})[0]
+        assert np.array_equal(got, vnni.run(None, {"A": a[:, :rows]})[0]), rows
+        for r in (0, rows - 1):
+            assert np.array_equal(amx.run(None, {"A": a[:, r:r + 1]})[0][0, 0], got[0, r]), (rows, r)
 
 
 def test_only_the_nodes_it_computes_are_renamed():
