@@ -22,10 +22,11 @@
 // of a verify pass bit for bit.
 //
 // With AMX (Sapphire Rapids on; matmul_int8.cpp's amx_enabled, SPECRT_NO_AMX=1 turns it off), a call's rows in tiles of
-// 16 (a last one of at least 9) take AMX's int8 tiles instead: the weights of a block unpacked once to signed bytes, one
-// tile multiply for all the rows' int32 sums of the block, then the same float operations (amx_groups). Measured on
-// SmolLM2 int4 (2 threads, one process, paths alternating): a plain step of 16 rows 11.0 vs 12.9 ms at 32 cached tokens,
-// 30.4 vs 31.6 at 512; a packed 16-row pass with 32 positions more 53.4 vs 56.1 ms at 512; a decode step (< 9 rows) as before.
+// 16 (a last one of at least 9) take AMX's int8 tiles instead: a group's weights unpacked once to signed bytes for all
+// the tiles, one tile multiply for a tile's int32 sums of a block, then the same float operations (amx_groups).
+// Measured on SmolLM2 int4 (2 threads, one process, paths alternating): a plain step of 16 rows 11.0 vs 12.9 ms at 32
+// cached tokens, 30.4 vs 31.6 at 512; a decode step (< 9 rows) as before. Unpacking a whole group ahead and reading a
+// block's sums back two blocks late (no store-to-load stall): 16 rows x 3 and x 5 positions 5% and 11% faster again.
 //
 // AVX-512 VNNI only (custom_ops/__init__.py renames MatMulNBits nodes where the CPU has it; elsewhere ONNX
 // Runtime's kernel stays). Built into libspecrt_kernels.so with the attention kernel (attention.cpp's
@@ -95,6 +96,18 @@ void pack(const uint8_t* b, const float* scales, int64_t n, int64_t k, bool swig
       for (int64_t c = 0; c < kCols; ++c) s[c] = scales[(col0 + c) * p.blocks + blk];
     }
   }
+}
+
+// A thread's scratch of at least n bytes, 64-byte aligned (grown as needed, kept for its next call)
+int8_t* scratch_bytes(int64_t n) {
+  thread_local std::unique_ptr<int8_t, decltype(&std::free)> data{nullptr, &std::free};
+  thread_local int64_t size = 0;
+  if (n > size) {
+    size = (n + 63) / 64 * 64;
+    data.reset(static_cast<int8_t*>(std::aligned_alloc(64, static_cast<size_t>(size))));
+    if (!data) throw std::bad_alloc();
+  }
+  return data.get();
 }
 
 // A call's activations quantized per row and block, block-major so that a tile reads all its rows' words at
@@ -256,43 +269,39 @@ void swiglu_groups(const Job* job, int64_t g0, int64_t g_end) {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")
 
-// AMX: rows [row0, row0 + rows) (rows <= 16) x groups [g, g_end). Per block, the group's 16 x 32 nibbles are unpacked
-// to signed bytes (q - 8) in AMX's B layout (64-byte row 2i: K-values 8i..8i+3 of the 16 columns, row 2i + 1:
-// 8i+4..8i+7; chunk i's low and high nibbles), and one tile multiply gives every row's exact int32 sum of the block,
-// sum of (q - 8) * x: the VNNI path's dot (its bias is the -8 * sum of x). Then the same float operations as
-// tile<R, G>, so a row's bits do not depend on the path. Tiles: 0 = A (the rows' 32 int8 activations of the block), 1 =
-// B (the group's weights), 2 and 3 = C (rows x 16 int32 sums, blocks taking turns: one block's sums are read while the
-// next one's multiply runs).
-void amx_groups(const Packed& p, const Rows& a, int64_t row0, int rows, int64_t g, int64_t g_end, float* y) {
-  TileConfig config;
-  config.rows[0] = config.rows[2] = config.rows[3] = static_cast<uint8_t>(rows);
-  config.colsb[0] = kBlock;
-  config.rows[1] = kBlock / 4;
-  config.colsb[1] = config.colsb[2] = config.colsb[3] = 64;
-  _tile_loadconfig(&config);
-  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-  const uint8_t* last = p.data.get() + (p.groups * p.blocks - 1) * kTileBytes;
-  const int64_t stride = p.blocks * kTileBytes;
-  alignas(64) int8_t w[kBlock * kCols];             // the group's unpacked weights of a block
-  alignas(64) int32_t c[2][kTileRows * kCols];      // two blocks' int32 sums
-  for (; g < g_end; ++g) {
-    __m512 acc[kTileRows];
+// AMX: rows [0, rows) (at least kAmxRows) x groups [g, g_end), in tiles of 16 rows (the last one: at least kAmxRows).
+// Per group, its 16 x 32 nibbles of every block are unpacked once, for all the tiles, to signed bytes (q - 8) in AMX's
+// B layout (64-byte row 2i: K-values 8i..8i+3 of the 16 columns, row 2i + 1: 8i+4..8i+7; chunk i's low and high
+// nibbles); then per tile and block one tile multiply gives every row's exact int32 sum of the block, sum of (q - 8) *
+// x: the VNNI path's dot (its bias is the -8 * sum of x). Then the same float operations as tile<R, G>, so a row's bits
+// do not depend on the path. Tiles: 1 = B (the group's weights of the block); a tile of 16 rows: 0 = A (the rows' 32
+// int8 activations of the block), 2 and 3 = C (rows x 16 int32 sums, blocks taking turns); the last tile, when
+// shorter: 4 = A, 5 and 6 = C.
+//
+// Memory written by vector stores and read at once by a tile load, or by a tile store and read at once by vector
+// loads, stalls (here: 18 vs 5 ns a tile multiply, 17 vs 9 with its sums read back): hence the weights unpacked a whole
+// group ahead, and a block's sums read back kLag blocks after the tile store.
+constexpr int64_t kLag = 2;   // blocks between a block's tile store and its sums' float steps
+constexpr int64_t kRing = 4;  // blocks of sums in memory: more than kLag
+
+// next: the next group's packed weights, asked for from memory while this tile runs (nullptr: none)
+template <bool kFull>  // a tile of 16 rows (tiles 0, 2, 3), or the shorter last one (4, 5, 6)
+void amx_tile(const Packed& p, const Rows& a, int64_t row0, int rows, int64_t g, const int8_t* w, const uint8_t* next,
+              float* y) {
+  alignas(64) int32_t c[kRing][kTileRows * kCols];
+  __m512 acc[kTileRows];
 #pragma GCC unroll 16
-    for (int r = 0; r < kTileRows; ++r) acc[r] = _mm512_setzero_ps();
-    const uint8_t* t = p.data.get() + g * stride;
-    const int8_t* q = a.q.data() + row0 * kBlock;
-    const float* sa = a.scale.data() + row0;
-    for (int64_t blk = 0; blk <= p.blocks; ++blk, t += kTileBytes, q += a.m * kBlock, sa += a.m) {
-      if (blk < p.blocks) {  // block blk's sums into C tile 2 + blk % 2
-        const uint8_t* ahead = std::min(t + kPrefetch, last);
-        for (int64_t line = 0; line < kTileBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-        for (int i = 0; i < 4; ++i) {
-          const __m512i v = _mm512_load_si512(t + 64 * i);
-          _mm512_store_si512(w + 128 * i, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
-          _mm512_store_si512(w + 128 * i + 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
-        }
+  for (int r = 0; r < kTileRows; ++r) acc[r] = _mm512_setzero_ps();
+  const uint8_t* t = p.data.get() + g * p.blocks * kTileBytes;  // block b's column scales at t + b * kTileBytes + 256
+  for (int64_t blk = 0; blk < p.blocks + 1 + kLag; ++blk) {
+    if (blk < p.blocks) {  // block blk's sums into C tile blk % 2 (tile numbers: literals in the intrinsics)
+      const int8_t* q = a.q.data() + (blk * a.m + row0) * kBlock;
+      if (next)
+        for (int64_t line = 0; line < kTileBytes; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(next + blk * kTileBytes + line), _MM_HINT_T0);
+      _tile_loadd(1, w + blk * kBlock * kCols, 64);
+      if constexpr (kFull) {
         _tile_loadd(0, q, kBlock);
-        _tile_loadd(1, w, 64);
         if (blk % 2 == 0) {
           _tile_zero(2);
           _tile_dpbssd(2, 0, 1);
@@ -300,26 +309,76 @@ void amx_groups(const Packed& p, const Rows& a, int64_t row0, int rows, int64_t 
           _tile_zero(3);
           _tile_dpbssd(3, 0, 1);
         }
+      } else {
+        _tile_loadd(4, q, kBlock);
+        if (blk % 2 == 0) {
+          _tile_zero(5);
+          _tile_dpbssd(5, 4, 1);
+        } else {
+          _tile_zero(6);
+          _tile_dpbssd(6, 4, 1);
+        }
       }
-      if (blk == 0) continue;
-      const int prev = (blk - 1) % 2;  // block blk - 1: its sums into float, as tile<R, G> does
-      if (prev == 0) _tile_stored(2, c[0], 64); else _tile_stored(3, c[1], 64);
-      const __m512 s_col = _mm512_load_ps(reinterpret_cast<const float*>(t - kTileBytes + 256));
-      const float* sa_prev = sa - a.m;
-#pragma GCC unroll 16
-      for (int r = 0; r < kTileRows; ++r)
-        if (r < rows)
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[prev] + r * kCols)),
-                                   _mm512_mul_ps(s_col, _mm512_set1_ps(sa_prev[r])), acc[r]);
     }
+    const int64_t stored = blk - 1;  // the block before: its sums to memory, while block blk's multiply runs
+    if (stored >= 0 && stored < p.blocks) {
+      int32_t* to = c[stored % kRing];
+      if constexpr (kFull) {
+        if (stored % 2 == 0) _tile_stored(2, to, 64); else _tile_stored(3, to, 64);
+      } else {
+        if (stored % 2 == 0) _tile_stored(5, to, 64); else _tile_stored(6, to, 64);
+      }
+    }
+    const int64_t e = blk - 1 - kLag;  // kLag blocks before that: its sums into float, as tile<R, G> does
+    if (e < 0) continue;
+    const __m512 s_col = _mm512_load_ps(reinterpret_cast<const float*>(t + e * kTileBytes + 256));
+    const float* sa = a.scale.data() + e * a.m + row0;
+    const int32_t* sums = c[e % kRing];
 #pragma GCC unroll 16
     for (int r = 0; r < kTileRows; ++r)
-      if (r < rows) _mm512_storeu_ps(y + (row0 + r) * p.n + g * kCols, acc[r]);
+      if (r < rows)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kCols)),
+                                 _mm512_mul_ps(s_col, _mm512_set1_ps(sa[r])), acc[r]);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kTileRows; ++r)
+    if (r < rows) _mm512_storeu_ps(y + (row0 + r) * p.n + g * kCols, acc[r]);
+}
+
+void amx_groups(const Packed& p, const Rows& a, int64_t rows, int64_t g, int64_t g_end, float* y) {
+  const int64_t full = rows / kTileRows * kTileRows;
+  const int last = static_cast<int>(rows - full);  // 0, or a shorter tile of at least kAmxRows rows
+  TileConfig config;
+  config.rows[0] = config.rows[2] = config.rows[3] = kTileRows;
+  config.rows[4] = config.rows[5] = config.rows[6] = static_cast<uint8_t>(last ? last : kTileRows);
+  config.colsb[0] = config.colsb[4] = kBlock;
+  config.rows[1] = kBlock / 4;
+  config.colsb[1] = config.colsb[2] = config.colsb[3] = config.colsb[5] = config.colsb[6] = 64;
+  _tile_loadconfig(&config);
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  int8_t* w = scratch_bytes(p.blocks * kBlock * kCols);  // the group's unpacked weights, [blocks, 512]
+  for (; g < g_end; ++g) {
+    const uint8_t* t = p.data.get() + g * p.blocks * kTileBytes;
+    for (int64_t blk = 0; blk < p.blocks; ++blk, t += kTileBytes)
+      for (int i = 0; i < 4; ++i) {
+        const __m512i v = _mm512_load_si512(t + 64 * i);
+        int8_t* out = w + blk * kBlock * kCols + 128 * i;
+        _mm512_store_si512(out, _mm512_sub_epi8(_mm512_and_si512(v, low), eight));
+        _mm512_store_si512(out + 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight));
+      }
+    const uint8_t* next = g + 1 < p.groups ? t : nullptr;  // the first tile asks for the next group's weights
+    for (int64_t row0 = 0; row0 < full; row0 += kTileRows, next = nullptr)
+      amx_tile<true>(p, a, row0, kTileRows, g, w, next, y);
+    if (last) amx_tile<false>(p, a, full, last, g, w, next, y);
   }
   _tile_release();
 }
 
 #pragma GCC pop_options
+
+// Rows a call of m rows takes through AMX: its whole tiles of 16 and a last one of at least kAmxRows (the rest, and every
+// call of fewer rows: the register tiles)
+constexpr int64_t amx_rows_of(int64_t m) { return m % kTileRows >= kAmxRows ? m : m / kTileRows * kTileRows; }
 
 // task i: groups [i * span, (i + 1) * span) for every row: tiles of 16 rows through AMX where the job says (the last one
 // of at least kAmxRows), the other rows in register tiles; then SwiGLU's activation. (Outside the target regions: it
@@ -327,10 +386,9 @@ void amx_groups(const Packed& p, const Rows& a, int64_t row0, int rows, int64_t 
 void run_task(void* data, size_t i) {
   const auto* job = static_cast<const Job*>(data);
   const int64_t g0 = static_cast<int64_t>(i) * job->span, g_end = std::min<int64_t>(job->p->groups, g0 + job->span);
-  int64_t row0 = 0;
-  for (; job->amx && job->m - row0 >= kAmxRows; row0 += kTileRows)
-    amx_groups(*job->p, *job->a, row0, static_cast<int>(std::min<int64_t>(kTileRows, job->m - row0)), g0, g_end, job->y);
-  register_tiles(job, row0, g0, g_end);
+  const int64_t amx_rows = job->amx ? amx_rows_of(job->m) : 0;
+  if (amx_rows) amx_groups(*job->p, *job->a, amx_rows, g0, g_end, job->y);
+  register_tiles(job, amx_rows, g0, g_end);
   if (job->act) swiglu_groups(job, g0, g_end);
 }
 
