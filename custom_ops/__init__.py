@@ -16,6 +16,7 @@
     fuse_norms(m)              folds each RMS norm ((Skip)SimplifiedLayerNormalization) into the int4 matmul after it
     int8_code()                whether the int8 matmul takes a graph's int8 matmuls here (AVX-512 VNNI and AMX)
     fuse_int8_matmuls(m)       makes each int8 matmul with per-row activations, and its row-scale Mul, one MatMulInt8
+    fuse_row_quantize(m)       folds the ops that quantize a MatMulInt8's activations per row into it (DynamicMatMulInt8)
 
 Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
 ``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
@@ -423,3 +424,89 @@ def int8_fold(mm, initializers: dict, graph_outputs: set, producer: dict, consum
     if mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or sorted(mul.input) != sorted([mm.output[0], scale]):
         return None
     return scale, mul
+
+
+def fuse_row_quantize(model) -> int:
+    """Fold the ops that quantize each MatMulInt8's activations per row into it (in place): s = Mul(Max(ReduceMax(Abs(x),
+    last axis), tiny), inv127), QuantizeLinear(x, s, z) -> ai.specrt::MatMulInt8(q, B, a_scale, b_scale, z, s) becomes
+    ai.specrt::DynamicMatMulInt8(x, B, a_scale, b_scale, z, tiny, inv127) (custom_ops/matmul_int8.cpp: the same
+    operations, so the same bits). Five ONNX Runtime ops and their tensors gone a matmul: what a prefill graph
+    (export/prefill_graph.py) runs around each of its int8 matmuls. Returns how many. Only where q feeds nothing else
+    and tiny, inv127 and both zero points are stored in the graph (the zero points equal); where s (or a step to it)
+    is read elsewhere too (the Shape of a shared zero point), its four ops stay and QuantizeLinear alone goes."""
+    from onnx import NodeProto, numpy_helper
+
+    graph = model.graph
+    consumers, producer = links(graph)
+    scalars = {t.name: numpy_helper.to_array(t) for t in graph.initializer if len(t.dims) <= 1 and not t.external_data}
+    replaced = {}
+    for mm in [n for n in graph.node if n.op_type == "MatMulInt8" and n.domain == DOMAIN]:
+        found = row_quantize_ops(mm, scalars, producer, consumers)
+        if found is None:
+            continue
+        x, tiny, inv127, ops = found
+        new = NodeProto()
+        new.CopyFrom(mm)
+        new.op_type = "DynamicMatMulInt8"
+        new.input[0] = x
+        del new.input[5:]
+        new.input.extend([tiny, inv127])
+        replaced[id(mm)] = new
+        replaced.update({id(op): None for op in ops})
+    if replaced:
+        replace_nodes(graph, replaced)
+    return sum(1 for v in replaced.values() if v is not None)
+
+
+def row_quantize_ops(mm, scalars: dict, producer: dict, consumers: dict):
+    """(x, tiny, inv127, the five nodes) that ``fuse_row_quantize`` folds into the MatMulInt8 node ``mm``, else None."""
+    from onnx import helper
+
+    def only(tensor: str, *readers) -> bool:  # ``tensor`` is read by exactly these nodes
+        return sorted(map(id, consumers.get(tensor, []))) == sorted(map(id, readers))
+
+    def op(tensor: str, op_type: str):
+        node = producer.get(tensor)
+        return node if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+
+    quantize = op(mm.input[0], "QuantizeLinear")
+    if quantize is None or len(quantize.input) != 3 or quantize.input[1] != mm.input[5]:
+        return None
+    x, s, zero = quantize.input
+    mul = op(s, "Mul")
+    maximum = next((op(t, "Max") for t in mul.input if op(t, "Max")), None) if mul else None
+    reduce = next((op(t, "ReduceMax") for t in maximum.input if op(t, "ReduceMax")), None) if maximum else None
+    absolute = op(reduce.input[0], "Abs") if reduce else None
+    if absolute is None or absolute.input[0] != x:
+        return None
+    inv127 = next((t for t in mul.input if t != maximum.output[0]), "")
+    tiny = next((t for t in maximum.input if t != reduce.output[0]), "")
+    attrs = {a.name: helper.get_attribute_value(a) for a in reduce.attribute}
+    axes = list(attrs.get("axes", [])) or (list(scalars.get(reduce.input[1], [])) if len(reduce.input) > 1 else [])
+    if axes != [-1] or attrs.get("keepdims", 1) != 1 or any(t not in scalars or scalars[t].size != 1 for t in (inv127, tiny)):
+        return None
+    z = zero_point(zero, scalars, producer)
+    if z is None or z != zero_point(mm.input[4], scalars, producer):
+        return None
+    if not only(quantize.output[0], mm):
+        return None
+    scale_ops = (absolute, reduce, maximum, mul)  # dropped too unless s (or a step to it) is read elsewhere
+    alone = only(absolute.output[0], reduce) and only(reduce.output[0], maximum) and only(maximum.output[0], mul) \
+        and only(s, quantize, mm)
+    return x, tiny, inv127, (*scale_ops, quantize) if alone else (quantize,)
+
+
+def zero_point(tensor: str, scalars: dict, producer: dict) -> int | None:
+    """The uint8 value of a zero point stored in the graph: an initializer, or ConstantOfShape's value; else None."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    if tensor in scalars and scalars[tensor].size == 1 and scalars[tensor].dtype == np.uint8:
+        return int(scalars[tensor].reshape(-1)[0])
+    node = producer.get(tensor)
+    if node is not None and node.op_type == "ConstantOfShape":
+        value = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "value"), None)
+        array = numpy_helper.to_array(value) if value is not None else None
+        if array is not None and array.size == 1 and array.dtype == np.uint8:
+            return int(array.reshape(-1)[0])
+    return None

@@ -577,6 +577,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
       domain.Add(&attention_op);
       if (const OrtCustomOp* matmul = specrt_matmul_nbits_op()) domain.Add(matmul);
       if (const OrtCustomOp* int8 = specrt_matmul_int8_op()) domain.Add(int8);
+      if (const OrtCustomOp* dynamic = specrt_dynamic_matmul_int8_op()) domain.Add(dynamic);
       added = true;
     }
     Ort::UnownedSessionOptions(options).Add(domain);

@@ -17,6 +17,10 @@ bool specrt_matmul_nbits_runs();
 // cannot build it (not x86-64); the op refuses to run on a CPU without AVX-512 VNNI (AMX where there is one).
 const OrtCustomOp* specrt_matmul_int8_op();
 
+// ai.specrt::DynamicMatMulInt8 (matmul_int8.cpp): the same, with the per-row quantization of its float activations folded
+// in (a prefill graph's matmuls, custom_ops/__init__.py fuse_row_quantize); nullptr where MatMulInt8 is.
+const OrtCustomOp* specrt_dynamic_matmul_int8_op();
+
 // Whether the graphs' int8 matmuls go to it (custom_ops/__init__.py int8_code): AVX-512 VNNI and AMX's int8 tiles.
 bool specrt_matmul_int8_runs();
 

@@ -16,6 +16,12 @@
 // blocks), so the extra rows cost next to nothing; elsewhere AVX-512 VNNI, one dot product a row per 64 weights.
 // Both compute the exact int32 sums and then the same float operations, so a row's bits do not depend on the
 // path or on the call's other rows (a decode step equals the same token's row of a verify pass).
+//
+// ai.specrt::DynamicMatMulInt8 is the same kernel taking A in fp32 and quantizing each row itself, as the ops before it
+// in a prefill graph did (custom_ops/__init__.py fuse_row_quantize: Abs, ReduceMax, Max with tiny, Mul by 1/127,
+// QuantizeLinear, five ONNX Runtime passes over A): inputs A fp32, B, a_scale, b_scale, a_zero_point, tiny, inv127.
+// The same bytes and row scales (quantize_rows), so the same bits; SmolLM2 int4's prefill of 128 tokens 43-50 ms
+// instead of 53-63.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -103,6 +109,33 @@ inline void finish(const Packed& p, __m512i sum, int64_t g, float row_scale, flo
   const __m512i dot = _mm512_sub_epi32(sum, _mm512_loadu_si512(p.bias.data() + g * kCols));
   const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_loadu_ps(p.scale.data() + g * kCols));
   _mm512_storeu_ps(y + g * kCols, _mm512_mul_ps(v, _mm512_set1_ps(row_scale)));
+}
+
+// DynamicMatMulInt8's activations, rows [r0, r1) of x [m, k] quantized as the graph's ops did before they were folded in
+// (custom_ops/__init__.py fuse_row_quantize: Abs, ReduceMax, Max, Mul, QuantizeLinear): s = max(max |x|, tiny) * inv127,
+// q = saturate(round half to even(x / s) + zero) (QuantizeLinear's definition: a division, not a product by 1 / s), so
+// the same bytes; q [m, lda] (K zero-padded beyond k), s [m]
+void quantize_rows(const float* x, int64_t r0, int64_t r1, int64_t k, int64_t lda, float tiny, float inv127,
+                   uint8_t zero, uint8_t* q, float* s) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* row = x + r * k;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t t = 0; t < k; t += kCols) {
+      const __mmask16 in = k - t >= kCols ? 0xFFFF : static_cast<__mmask16>((1u << (k - t)) - 1);
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(in, row + t)));
+    }
+    const float scale = std::max(_mm512_reduce_max_ps(amax), tiny) * inv127;
+    s[r] = scale;
+    const __m512 divisor = _mm512_set1_ps(scale);
+    const __m512i z = _mm512_set1_epi32(zero), lo = _mm512_setzero_si512(), hi = _mm512_set1_epi32(255);
+    uint8_t* out = q + r * lda;
+    for (int64_t t = 0; t < k; t += kCols) {
+      const __mmask16 in = k - t >= kCols ? 0xFFFF : static_cast<__mmask16>((1u << (k - t)) - 1);
+      const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(in, row + t), divisor)), z);
+      _mm_mask_storeu_epi8(out + t, in, _mm512_cvtepi32_epi8(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi)));
+    }
+    std::memset(out + k, 0, static_cast<size_t>(lda - k));
+  }
 }
 
 // VNNI: rows [row0, row0 + R) x group g; a: [M, chunks * 64] uint8 (K zero-padded), y: [M, N]
@@ -223,11 +256,33 @@ T scalar_input(const Ort::ConstKernelInfo& k, size_t i, const char* what) {
   return v.GetTensorData<T>()[0];
 }
 
+// DynamicMatMulInt8's row quantization as a ParallelFor task: rows [8i, 8i + 8)
+struct QuantizeJob {
+  const float* x;
+  int64_t m, k, lda;
+  float tiny, inv127;
+  uint8_t zero;
+  uint8_t* q;
+  float* s;
+};
+constexpr int64_t kQuantizeRows = 8;
+
+void quantize_task(void* data, size_t i) {
+  const auto* job = static_cast<const QuantizeJob*>(data);
+  const int64_t r0 = static_cast<int64_t>(i) * kQuantizeRows;
+  quantize_rows(job->x, r0, std::min(job->m, r0 + kQuantizeRows), job->k, job->lda, job->tiny, job->inv127, job->zero,
+                job->q, job->s);
+}
+
+// MatMulInt8 (dynamic = false): A uint8, its row scales input 5. DynamicMatMulInt8 (dynamic = true): A float, quantized
+// per row here (quantize_rows; inputs 5 and 6: the scalars tiny and 1 / 127 of the ops it replaces).
 struct MatMulInt8Kernel {
   std::shared_ptr<const Packed> shared;
-  bool amx = false;
+  bool amx = false, dynamic = false;
+  float tiny = 0.0f, inv127 = 0.0f;
+  uint8_t zero = 0;
 
-  MatMulInt8Kernel(const OrtApi&, const OrtKernelInfo* info) {
+  MatMulInt8Kernel(const OrtApi&, const OrtKernelInfo* info, bool dynamic_rows) : dynamic(dynamic_rows) {
     Ort::ConstKernelInfo k(info);
     if (!specrt_matmul_nbits_runs()) ORT_CXX_API_THROW("specrt MatMulInt8: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
     int constant_b = 0, constant_s = 0;
@@ -239,47 +294,62 @@ struct MatMulInt8Kernel {
         s.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(shape[1]))
       ORT_CXX_API_THROW("specrt MatMulInt8: needs B [K, N] with N % 16 == 0 and one scale a column",
                         ORT_INVALID_ARGUMENT);
+    zero = scalar_input<uint8_t>(k, 4, "a_zero_point");
     shared = shared_pack(b.GetTensorData<int8_t>(), shape[0], shape[1], scalar_input<float>(k, 2, "a_scale"),
-                         s.GetTensorData<float>(), scalar_input<uint8_t>(k, 4, "a_zero_point"));
+                         s.GetTensorData<float>(), zero);
+    if (dynamic) tiny = scalar_input<float>(k, 5, "tiny"), inv127 = scalar_input<float>(k, 6, "inv127");
     amx = amx_enabled();
   }
 
   void Compute(OrtKernelContext* context) {
     const Packed& packed = *shared;
     Ort::KernelContext ctx(context);
-    auto a = ctx.GetInput(0), rs = ctx.GetInput(5);
+    auto a = ctx.GetInput(0);
     std::vector<int64_t> shape = a.GetTensorTypeAndShapeInfo().GetShape();
     if (shape.empty() || shape.back() != packed.k)
       ORT_CXX_API_THROW("specrt MatMulInt8: A's last dimension is not K", ORT_INVALID_ARGUMENT);
     int64_t m = 1;
     for (size_t d = 0; d + 1 < shape.size(); ++d) m *= shape[d];
-    if (rs.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(m))
+    if (!dynamic && ctx.GetInput(5).GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(m))
       ORT_CXX_API_THROW("specrt MatMulInt8: row_scale needs one value a row of A", ORT_INVALID_ARGUMENT);
     shape.back() = packed.n;
     auto y = ctx.GetOutput(0, shape);
     if (m == 0) return;
     thread_local std::vector<uint8_t> padded;  // A with K padded to whole chunks (zeros: add nothing to the sums)
+    thread_local std::vector<float> row_scales;  // DynamicMatMulInt8's
     const int64_t lda = packed.chunks * kChunk;
-    const uint8_t* x = a.GetTensorData<uint8_t>();
-    if (lda != packed.k) {
-      padded.assign(static_cast<size_t>(m * lda), 0);
-      for (int64_t r = 0; r < m; ++r) std::memcpy(padded.data() + r * lda, x + r * packed.k, packed.k);
-      x = padded.data();
+    const uint8_t* x = nullptr;
+    const float* row_scale = nullptr;
+    if (dynamic) {
+      padded.resize(static_cast<size_t>(m * lda)), row_scales.resize(static_cast<size_t>(m));
+      QuantizeJob job{a.GetTensorData<float>(), m, packed.k, lda, tiny, inv127, zero, padded.data(), row_scales.data()};
+      ctx.ParallelFor(quantize_task, static_cast<size_t>((m + kQuantizeRows - 1) / kQuantizeRows), 0, &job);
+      x = padded.data(), row_scale = row_scales.data();
+    } else {
+      x = a.GetTensorData<uint8_t>(), row_scale = ctx.GetInput(5).GetTensorData<float>();
+      if (lda != packed.k) {
+        padded.assign(static_cast<size_t>(m * lda), 0);
+        for (int64_t r = 0; r < m; ++r) std::memcpy(padded.data() + r * lda, x + r * packed.k, packed.k);
+        x = padded.data();
+      }
     }
-    Job job{&packed, x, rs.GetTensorData<float>(), m, 8, amx, y.GetTensorMutableData<float>()};
+    Job job{&packed, x, row_scale, m, 8, amx, y.GetTensorMutableData<float>()};
     ctx.ParallelFor(run_task, static_cast<size_t>((packed.groups + job.span - 1) / job.span), 0, &job);
   }
 };
 
-struct MatMulInt8Op : Ort::CustomOpBase<MatMulInt8Op, MatMulInt8Kernel> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulInt8Kernel(api, info); }
-  const char* GetName() const { return "MatMulInt8"; }
+// ai.specrt::MatMulInt8 (kDynamic = false) and ai.specrt::DynamicMatMulInt8 (true): the same kernel
+template <bool kDynamic>
+struct MatMulInt8Op : Ort::CustomOpBase<MatMulInt8Op<kDynamic>, MatMulInt8Kernel> {
+  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const { return new MatMulInt8Kernel(api, info, kDynamic); }
+  const char* GetName() const { return kDynamic ? "DynamicMatMulInt8" : "MatMulInt8"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 6; }  // A, B, a_scale, b_scale, a_zero_point, row_scale
+  // A, B, a_scale, b_scale, a_zero_point, then row_scale (MatMulInt8) or tiny and inv127 (DynamicMatMulInt8)
+  size_t GetInputTypeCount() const { return kDynamic ? 7 : 6; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
-           : i == 1         ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8
-                            : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return (i == 0 && !kDynamic) || i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+           : i == 1                        ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8
+                                           : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
@@ -299,15 +369,18 @@ struct MatMulInt8Op : Ort::CustomOpBase<MatMulInt8Op, MatMulInt8Kernel> {
   }
 };
 
-MatMulInt8Op matmul_int8_op;
+MatMulInt8Op<false> matmul_int8_op;
+MatMulInt8Op<true> dynamic_matmul_int8_op;
 
 }  // namespace
 
 const OrtCustomOp* specrt_matmul_int8_op() { return &matmul_int8_op; }
+const OrtCustomOp* specrt_dynamic_matmul_int8_op() { return &dynamic_matmul_int8_op; }
 bool specrt_matmul_int8_runs() { return specrt_matmul_nbits_runs() && cpu_has_amx(); }
 bool specrt_amx_enabled() { return amx_enabled(); }
 #else
 const OrtCustomOp* specrt_matmul_int8_op() { return nullptr; }
+const OrtCustomOp* specrt_dynamic_matmul_int8_op() { return nullptr; }
 bool specrt_matmul_int8_runs() { return false; }
 bool specrt_amx_enabled() { return false; }
 #endif

@@ -186,8 +186,8 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
     attention uses options the kernel does not implement (attention "specrt" asked for explicitly)."""
     import onnx
 
-    from ..custom_ops import (KernelError, attention_library, fuse_int8_matmuls, fuse_norms, fuse_swiglu, int8_code,
-                              take_token_slots, use_specrt_attention, use_specrt_matmul)
+    from ..custom_ops import (KernelError, attention_library, fuse_int8_matmuls, fuse_norms, fuse_row_quantize,
+                              fuse_swiglu, int8_code, take_token_slots, use_specrt_attention, use_specrt_matmul)
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -206,6 +206,7 @@ def specrt_attention_model(path: Path, opts, registered: set, warn: bool = True,
         fuse_norms(proto)  # and each layer's two RMS norms into the matmuls they feed
     if matmul and int8_code():
         matmuls += fuse_int8_matmuls(proto)  # the int8 ones (an int4 graph's lm_head), their row scale folded in
+        fuse_row_quantize(proto)  # and the ops quantizing their rows, where the graph computes them (a prefill graph)
     try:
         library = attention_library()
     except KernelError as e:
