@@ -16,7 +16,7 @@
     fuse_norms(m)              folds each RMS norm ((Skip)SimplifiedLayerNormalization) into the int4 matmul after it
     int8_code()                whether the int8 matmul takes a graph's int8 matmuls here (AVX-512 VNNI and AMX)
     fuse_int8_matmuls(m)       makes each int8 matmul with per-row activations, and its row-scale Mul, one MatMulInt8
-    fuse_row_quantize(m)       folds the ops that quantize a MatMulInt8's activations per row into it (DynamicMatMulInt8)
+    fuse_row_quantize(m)       folds the ops quantizing a MatMulInt8's activations per row into it (DynamicMatMulInt8)
 
 Engine dirs keep ONNX Runtime's standard op (com.microsoft::GroupQueryAttention): a session opened with
 ``OrtEngine(..., attention="specrt")`` loads the graph, renames those nodes in its own copy and registers the
@@ -63,6 +63,10 @@ SUPPORTED_ATTRIBUTES = {"num_heads": None, "kv_num_heads": None, "scale": None, 
 
 class KernelError(RuntimeError):
     """specrt's kernels cannot be built or used here; the message says what is missing."""
+
+
+class KernelBuildError(KernelError):
+    """The compiler is there but specrt's source does not compile: a bug, where a missing tool is a skip (tests)."""
 
 
 def ort_include() -> Path:
@@ -125,7 +129,7 @@ def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: 
         built = Path(tmp) / name
         r = subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built)], capture_output=True, text=True)
         if r.returncode:
-            raise KernelError(f"building {what} failed:\n{r.stderr[-2000:]}")
+            raise KernelBuildError(f"building {what} failed:\n{r.stderr[-2000:]}")
         os.replace(built, out)
     return out
 
@@ -427,11 +431,15 @@ def int8_fold(mm, initializers: dict, graph_outputs: set, producer: dict, consum
 
 
 def fuse_row_quantize(model) -> int:
-    """Fold the ops that quantize each MatMulInt8's activations per row into it (in place): s = Mul(Max(ReduceMax(Abs(x),
-    last axis), tiny), inv127), QuantizeLinear(x, s, z) -> ai.specrt::MatMulInt8(q, B, a_scale, b_scale, z, s) becomes
-    ai.specrt::DynamicMatMulInt8(x, B, a_scale, b_scale, z, tiny, inv127) (custom_ops/matmul_int8.cpp: the same
-    operations, so the same bits). Five ONNX Runtime ops and their tensors gone a matmul: what a prefill graph
-    (export/prefill_graph.py) runs around each of its int8 matmuls. Returns how many. Only where q feeds nothing else
+    """Fold the ops that quantize each MatMulInt8's activations per row into it (in place):
+
+        s = Mul(Max(ReduceMax(Abs(x), last axis), tiny), inv127), QuantizeLinear(x, s, z) = q
+        -> ai.specrt::MatMulInt8(q, B, a_scale, b_scale, z, s)
+        becomes ai.specrt::DynamicMatMulInt8(x, B, a_scale, b_scale, z, tiny, inv127)
+
+    (custom_ops/matmul_int8.cpp: the same operations, so the same bits). Five ONNX Runtime ops and their tensors gone a
+    matmul: what a prefill graph (export/prefill_graph.py) runs around each of its int8 matmuls. Returns how many.
+    Only where q feeds nothing else
     and tiny, inv127 and both zero points are stored in the graph (the zero points equal); where s (or a step to it)
     is read elsewhere too (the Shape of a shared zero point), its four ops stay and QuantizeLinear alone goes."""
     from onnx import NodeProto, numpy_helper
@@ -483,7 +491,9 @@ def row_quantize_ops(mm, scalars: dict, producer: dict, consumers: dict):
     tiny = next((t for t in maximum.input if t != reduce.output[0]), "")
     attrs = {a.name: helper.get_attribute_value(a) for a in reduce.attribute}
     axes = list(attrs.get("axes", [])) or (list(scalars.get(reduce.input[1], [])) if len(reduce.input) > 1 else [])
-    if axes != [-1] or attrs.get("keepdims", 1) != 1 or any(t not in scalars or scalars[t].size != 1 for t in (inv127, tiny)):
+    if axes != [-1] or attrs.get("keepdims", 1) != 1:
+        return None
+    if any(t not in scalars or scalars[t].size != 1 for t in (inv127, tiny)):
         return None
     z = zero_point(zero, scalars, producer)
     if z is None or z != zero_point(mm.input[4], scalars, producer):
