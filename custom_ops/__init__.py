@@ -439,9 +439,9 @@ def fuse_row_quantize(model) -> int:
 
     (custom_ops/matmul_int8.cpp: the same operations, so the same bits). Five ONNX Runtime ops and their tensors gone a
     matmul: what a prefill graph (export/prefill_graph.py) runs around each of its int8 matmuls. Returns how many.
-    Only where q feeds nothing else
-    and tiny, inv127 and both zero points are stored in the graph (the zero points equal); where s (or a step to it)
-    is read elsewhere too (the Shape of a shared zero point), its four ops stay and QuantizeLinear alone goes."""
+    Only where q feeds nothing else, tiny and inv127 are fp32 scalars stored in the graph and both zero points are
+    stored there and equal; where s (or a step to it) is read elsewhere too (the Shape of a shared zero point), its
+    four ops stay and QuantizeLinear alone goes."""
     from onnx import NodeProto, numpy_helper
 
     graph = model.graph
@@ -493,7 +493,7 @@ def row_quantize_ops(mm, scalars: dict, producer: dict, consumers: dict):
     axes = list(attrs.get("axes", [])) or (list(scalars.get(reduce.input[1], [])) if len(reduce.input) > 1 else [])
     if axes != [-1] or attrs.get("keepdims", 1) != 1:
         return None
-    if any(t not in scalars or scalars[t].size != 1 for t in (inv127, tiny)):
+    if any(t not in scalars or scalars[t].size != 1 or scalars[t].dtype != "float32" for t in (inv127, tiny)):
         return None
     z = zero_point(zero, scalars, producer)
     if z is None or z != zero_point(mm.input[4], scalars, producer):

@@ -122,6 +122,10 @@ def test_only_the_row_quantization_it_computes_is_folded():
     assert folded(int8_model(64, 32, tiny=True)) == 1
     assert folded(int8_model(64, 32)) == 0  # no Max with tiny (an int8 lm_head: left as it is)
     assert folded(int8_model(64, 32, tiny=True, zq=0)) == 0  # QuantizeLinear's zero point not the matmul's
+    model = int8_model(64, 32, tiny=True)
+    tiny = next(t for t in model.graph.initializer if t.name == "tiny")
+    tiny.CopyFrom(numpy_helper.from_array(np.array(1e-30, np.float64), "tiny"))  # not the fp32 the kernel reads
+    assert folded(model) == 0
     model = int8_model(64, 32, tiny=True, y_out=True)  # the matmul's output read elsewhere: not even a MatMulInt8
     assert folded(model) == 0
     model = int8_model(64, 32, tiny=True)  # the scale read elsewhere (here: the zero point's Shape): kept, computed
