@@ -7,8 +7,8 @@ them the target's cache and the proposer's own cache hold), least recently used 
 is allocated in the slots: memory is the ``max_batch`` slots the runners already have. A slot is reused
 as soon as it is free, so a server whose slots are all busy keeps nothing there; the host-memory tier
 (``PrefixStore``, runtime/prefix_store.py, ``host_mb`` MB) keeps a copy of a kept slot's caches the
-moment the slot is overwritten (its sequence dropped, or a hit cutting it short), and a claim takes the
-longer prefix of the two tiers (a kept slot on a tie: no copy).
+moment the slot is overwritten (its sequence dropped, or a hit whose prompt then differs from what it kept:
+``rewrites``), and a claim takes the longer prefix of the two tiers (a kept slot on a tie: no copy).
 
     a row leaves      ``retain`` (what its slot holds), ``move_row`` (the last active row takes its
                       place: the two slots SWAP, so the leaving row's caches land at the free end),
@@ -163,8 +163,8 @@ class PrefixCache:
         elif best is not None:
             j, n, entries = best
             self._swap(j, slot)
-            if n < self.kept[slot].target:  # the new sequence overwrites what it does not share: copy it first
-                self._spill(self.kept[slot], slot)
+            if not rewrites(self.kept[slot], ids, proposer):  # the new sequence overwrites entries of other tokens:
+                self._spill(self.kept[slot], slot)  # copy them first
             self.kept[slot] = None  # consumed: the new sequence writes past the shared prefix
         if n:
             self.hits += 1
@@ -249,6 +249,20 @@ class PrefixCache:
             for runner in self.runners:
                 runner.copy_entries(s, dest, self._entries(rec, runner))
             self.kept[dest] = rec
+
+
+def rewrites(rec: Retained, ids: list, proposer) -> bool:
+    """Whether a prompt ``ids`` served by ``proposer`` writes every entry ``rec`` keeps again, for the same tokens
+    at the same positions (it starts with all of them): its slot will hold all ``rec`` held, and a host copy of
+    ``rec`` would keep nothing more. A repeated prompt whose slot kept only the prompt's entries (a prefill graph)
+    or a chat's next turn rewrite theirs; a prompt that shares a system prompt and then differs does not.
+
+        >>> rec = Retained([5, 6, 7, 8], target=3, owner=None, proposer=0, used=1)
+        >>> rewrites(rec, [5, 6, 7], None), rewrites(rec, [5, 6, 7, 8, 3], None), rewrites(rec, [5, 6, 9], None)
+        (True, True, False)
+    """
+    c = shared_prefix(rec.tokens, ids)
+    return c >= rec.target and (rec.proposer == 0 or (rec.owner is proposer and c >= rec.proposer))
 
 
 def lag(proposer) -> int:

@@ -256,6 +256,28 @@ def test_host_tier_seeded_sampling_and_choices_are_the_cold_run(engines, method)
     assert warm.prefix.store.hits == 2
 
 
+@pytest.mark.parametrize("method", ["none", "draft"])
+def test_a_prompt_that_rewrites_what_a_slot_kept_copies_nothing_out(engines, method):
+    """A repeated prompt whose slot kept only the prompt's entries (here: one token asked; a target with a prefill
+    graph keeps no more) and the next chat turn start with every token their slot kept: the slot will hold them
+    all again, so nothing is copied to the host tier (a copy of a 300-token prompt cost about half its prefill;
+    ``rewrites``). A prompt that shares a start and then differs still has the slot copied out first."""
+    rt = engines["traced"]
+    warm, cold = warm_core(rt, method, 3, max_batch=1), warm_core(rt, method, 3, max_batch=1, prefix=False)
+    run(warm, P1, "probe", n=1)
+    assert warm.prefix.kept[0].target == len(P1)
+    first, stats = run(warm, P1, "a")
+    assert stats["cached_tokens"] == len(P1) - 1 and len(warm.prefix.store) == 0
+    turn = P1 + first + [3, 4]
+    got, stats = run(warm, turn, "turn")
+    assert stats["cached_tokens"] == len(P1) + len(first) - 1 and got == run(cold, turn, "c1")[0]
+    assert len(warm.prefix.store) == 0
+    branch = P1 + [5, 5]
+    got, stats = run(warm, branch, "branch")
+    assert stats["cached_tokens"] == len(P1) and got == run(cold, branch, "c2")[0]
+    assert len(warm.prefix.store) == 1 and warm.prefix.store.items[0].kept.tokens[:len(turn)] == turn
+
+
 def test_host_tier_evicts_by_budget_and_stores_a_prefix_once(engines):
     """One slot: every new prompt copies the last sequence out. A budget of 40 tokens' entries holds two sequences of
     17: the least recently used goes; a longer sequence starting with a stored one replaces it."""
