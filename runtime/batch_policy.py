@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gamma import expected_tokens
+from .gamma import KindAlphas, expected_tokens
 from .pass_cost import PassCost, batch_bucket
 
 PassSeconds = Callable[[int, int], float]  # (rows, positions in all) -> seconds of one target pass (PassCost.seconds)
@@ -293,6 +293,7 @@ class SpeculationPolicy:
         self._idle_steps = 0
         self._probe_interval = config.probe_every  # steps at γ = 0 before the next probe (trees: doubling)
         self.last = PolicyDecision(0, 1.0, "policy")  # the latest decision (exposed in /metrics)
+        self.kinds = KindAlphas()  # acceptance per kind of lookup guess (Proposal.kind), measured by the core
         self.realized = RealizedRates()  # whole-step tokens/s per batch size, plain vs speculative: the guard's
         self._guard_steps: dict[int, tuple] = {}  # batch_bucket -> (guarded steps on one arm since the other was
         # re-measured, steps between re-measurements: probe_every, doubling up to 4x while speculation keeps losing)
@@ -326,6 +327,8 @@ class SpeculationPolicy:
         if not self.target_cost:  # nothing measured yet: plain decoding measures T(B)
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
+        if self.kinds:  # a lookup's guesses come in kinds, each priced by its own α once made (the core's cut), and
+            alphas = [max(a, self.kinds.best()) for a in alphas]  # cost nothing: ask for them where the best kind pays
         d = choose_gamma(alphas, cfg.gamma_max, self.target_cost.seconds, self.draft_seconds,
                          cfg.speculation_max_batch, cfg.tree, cfg.min_gain, cfg.packed)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:

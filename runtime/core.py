@@ -30,6 +30,7 @@ and seeded sampled rows at a fixed γ equal their batch-1 output.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -267,16 +268,17 @@ class DecodeCore:
         if not any(free) or not self.policy.target_cost:
             return proposals, decisions
         lengths = [len(p.tokens) for p in proposals]
-        cuts = lookup_cuts(lengths, [row.alpha.alpha for row in rows], free, self.policy.target_cost.seconds,
-                           self.target.packs, self.policy.config.min_gain)
+        alphas = [self.policies[row.method].kinds.alpha(p.kind, row.alpha.alpha) for row, p in zip(rows, proposals)]
+        cuts = lookup_cuts(lengths, alphas, free, self.policy.target_cost.seconds, self.target.packs,
+                           self.policy.config.min_gain)
         if all(c >= k for c, k in zip(cuts, lengths)):
             return proposals, decisions
-        proposals = [Proposal(p.tokens[:c]) if f else p for p, f, c in zip(proposals, free, cuts)]
+        proposals = [replace(p, tokens=p.tokens[:c]) if f else p for p, f, c in zip(proposals, free, cuts)]
         speculating = {row.method for row, p in zip(rows, proposals) if len(p.tokens)}
         return proposals, {m: d if m in speculating or d.gamma == 0 else CUT for m, d in decisions.items()}
 
-    def _shadows(self, rows: list[Row], decisions: dict, proposals: list[Proposal]) -> list[int | None]:
-        """Per row the one token its proposer would propose, for the rows of a ``shadow`` proposer (a lookup of no
+    def _shadows(self, rows: list[Row], decisions: dict, proposals: list[Proposal]) -> list[Proposal | None]:
+        """Per row the one-token proposal its proposer would make, for the rows of a ``shadow`` proposer (a lookup of no
         model cost) whose policy chose a plain step (not a fixed γ, theirs or the config's; not the guard's, where
         measured rates keep speculation off, not α, and its re-measuring steps measure α) and that propose nothing
         this step, at most ``SHADOW_ROWS`` of them a step (in turns); None for the others and where the lookup (or
@@ -295,19 +297,20 @@ class DecodeCore:
             guesses = proposer.propose([rows[b] for b in group], [1] * len(group)) if group else []
             for b, p in zip(group, guesses):
                 p = constrained.prune(p, rows[b].matcher)
-                out[b] = int(p.tokens[0]) if len(p.tokens) else None
+                out[b] = p if len(p.tokens) else None
         return out
 
-    def _score_shadows(self, rows: list[Row], shadows: list[int | None], news: list) -> None:
-        """A shadow token x counts as one proposed token, accepted iff the step emitted x: the chance of that is
+    def _score_shadows(self, rows: list[Row], shadows: list[Proposal | None], news: list) -> None:
+        """A shadow token x counts as one proposed token (of its kind), accepted iff the step emitted x: the chance is
         p(x), the target's (processed) probability of x, which is what verifying the point-mass proposal x would
         accept with (greedy: x is the argmax). So the α estimates the policy reads stay unbiased while
         speculation is off, without probe steps."""
-        for row, x, new in zip(rows, shadows, news):
-            if x is not None:
-                n = int(new[0] == x)
+        for row, p, new in zip(rows, shadows, news):
+            if p is not None:
+                n = int(new[0] == p.tokens[0])
                 row.alpha.update(1, n)
                 self.served.update(1, n)
+                self.policies[row.method].kinds.update(p.kind, 1, n)
 
     def _forced(self, row: Row) -> Proposal | None:
         """The grammar's forced tokens as a chain of at most γmax, the row's budget - 1 and its cache room; None
@@ -381,6 +384,7 @@ class DecodeCore:
             c.gamma_history.append(gamma)
         row.alpha.update(k, n)
         self.served.update(k, n)
+        self.policies[row.method].kinds.update(p.kind, k, n)
 
     def _timed(self, proposer: Proposer, fn, rows, *args):
         """Run a call of ``proposer``; its wall time and graph calls count for each of ``rows``.

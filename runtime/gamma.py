@@ -49,3 +49,40 @@ class AlphaEstimate:
             return
         self._accepted = self.decay * self._accepted + accepted
         self._rejected = self.decay * self._rejected + (1.0 if accepted < proposed else 0.0)
+
+
+class KindAlphas:
+    """Acceptance per kind of proposal, for a lookup proposer whose guesses come in kinds that predict how good they
+    are (n-gram: the length of the match it continues; ``Proposal.kind``). One ``AlphaEstimate`` per kind, over the
+    proposals of that kind verified (and shadow guesses scored) in every row, with a longer memory than a row's: a
+    kind's acceptance is a property of the pair and the workload, and at 16 rows a step measures several.
+
+    Measured on SmolLM2-135M code-edit chats at 16 rows, the first guessed token was accepted 82-88% of the time after a
+    4-token match and 15-20% after a 1-token one: a row's α mixes the two and prices both chains wrong.
+
+        >>> k = KindAlphas()
+        >>> k.update(4, proposed=3, accepted=3); k.update(1, proposed=3, accepted=0)
+        >>> round(k.alpha(4, 0.5), 2), round(k.alpha(1, 0.5), 2), k.alpha(2, 0.5), k.alpha(None, 0.5), k.best() > 0.9
+        (0.9, 0.3, 0.5, 0.5, True)
+    """
+
+    def __init__(self, decay: float = 0.99):
+        self.decay = decay  # weight a kind's evidence keeps per proposal of that kind
+        self.estimates: dict[int, AlphaEstimate] = {}  # kind -> its estimate
+
+    def __bool__(self) -> bool:
+        return bool(self.estimates)
+
+    def update(self, kind: int | None, proposed: int, accepted: int) -> None:
+        """A proposal of ``kind`` (None: none, ignored) verified: ``accepted`` of its ``proposed`` tokens kept."""
+        if kind is not None and proposed:
+            self.estimates.setdefault(kind, AlphaEstimate(decay=self.decay)).update(proposed, accepted)
+
+    def alpha(self, kind: int | None, default: float) -> float:
+        """The acceptance estimate of ``kind``; ``default`` (the row's α) for None or a kind not measured yet."""
+        estimate = self.estimates.get(kind) if kind is not None else None
+        return default if estimate is None else estimate.alpha
+
+    def best(self) -> float:
+        """The highest kind's estimate (0.0 before any): what the policy assumes a row's next guess may be."""
+        return max((e.alpha for e in self.estimates.values()), default=0.0)

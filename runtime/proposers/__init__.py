@@ -50,6 +50,8 @@ class Proposal:
     q: np.ndarray | None = None  # float [k, V] a chain's proposer distributions; None = deterministic (point masses)
     tree: Tree | None = None  # the candidate tree (tree.size == k + 1); None = a chain
     forced: bool = False  # the grammar's forced tokens (runtime/proposers/constrained.py), not the proposer's
+    kind: int | None = None  # a lookup's class of guess that predicts its acceptance (n-gram: the match length): the
+    # core prices the chain by what that kind's guesses realized (gamma.KindAlphas), not the row's α; None: the row's
 
     @property
     def positions(self) -> int:

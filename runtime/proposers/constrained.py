@@ -18,6 +18,7 @@ Worked example, regex ``(ab|ba)c*`` after "a": forced -> [b]; an n-gram chain [b
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -33,7 +34,7 @@ def prune(p: Proposal, matcher) -> Proposal:
         return p
     if p.tree is None:
         n = allowed_length(p.tokens, matcher)
-        return p if n == len(p.tokens) else Proposal(p.tokens[:n], None if p.q is None else p.q[:n], forced=p.forced)
+        return p if n == len(p.tokens) else replace(p, tokens=p.tokens[:n], q=None if p.q is None else p.q[:n])
     return prune_tree(p, matcher)
 
 

@@ -65,19 +65,25 @@ class NGramIndex:
         self.indexed = max(self.indexed, stop - 1)
 
     def propose(self, k: int) -> list[int]:
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """(up to k tokens, the length n of the suffix they continue); ([], 0) without a match."""
         t = self.tokens
         for n in range(min(self.max_n, len(t) - 1), self.min_n - 1, -1):
             end = self.last_end[n].get(tuple(t[-n:]))
             if end is not None:
-                return t[end : end + k]
-        return []
+                return t[end : end + k], n
+        return [], 0
 
 
 class NGramProposer:
     """Prompt lookup: per row, what followed the latest earlier occurrence of the current suffix.
 
     Deterministic (q is a point mass); no model cost. One ``NGramIndex`` per request, extended
-    with the tokens each round emitted. A ``Proposer`` (runtime/proposers/__init__.py).
+    with the tokens each round emitted. Each proposal's ``kind`` is the length of its match: the core prices a chain
+    by what that kind's guesses realized (a 4-token match's continuation is kept far more often than a 1-token
+    one's). A ``Proposer`` (runtime/proposers/__init__.py).
     """
 
     name = "ngram"
@@ -102,7 +108,8 @@ class NGramProposer:
                 continue
             index = self.index[row.request.request_id]
             index.extend(row.seq[len(index.tokens):])
-            out.append(Proposal(np.array(index.propose(k), np.int64)))
+            tokens, n = index.match(k)
+            out.append(Proposal(np.array(tokens, np.int64), kind=n))  # a longer match is a better guess
         return out
 
     def observe(self, row, new, hidden) -> None:

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.batch_policy import REASONS, chain_cut, choose_gamma, packed_cuts
+from specrt.runtime.batch_policy import REASONS, PolicyConfig, SpeculationPolicy, chain_cut, choose_gamma, packed_cuts
 from specrt.runtime.core import CoreConfig, SequenceRequest
 from specrt.runtime.proposers import EMPTY, NoProposer, Proposal
 from specrt.runtime.sampling import SamplingParams
-from reference import fix_costs, requests_for, run_all
+from reference import FixedCost, fix_costs, requests_for, run_all
 from stat_harness import P_MIN, exact_joint, p_values, run_trials_batched
 from specrt.export.hf_checkpoint import load_hf
 
@@ -60,16 +60,17 @@ def test_packed_pricing_charges_positions_not_rows():
 
 
 class Lengths(NoProposer):
-    """A lookup proposer that proposes ``lengths[request id]`` copies of token 7 (point masses)."""
+    """A lookup proposer that proposes ``lengths[request id]`` copies of token 7 (point masses), of ``kinds[request
+    id]`` (None: no kind)."""
 
     name, shadow, max_nodes = "ngram", False, 4
 
-    def __init__(self, lengths: dict):
-        self.lengths = lengths
+    def __init__(self, lengths: dict, kinds: dict | None = None):
+        self.lengths, self.kinds = lengths, kinds or {}
 
     def propose(self, rows, ks):
-        return [Proposal(np.full(min(k, self.lengths[r.request.request_id]), 7, np.int64)) if k else EMPTY
-                for r, k in zip(rows, ks)]
+        return [Proposal(np.full(min(k, self.lengths[r.request.request_id]), 7, np.int64),
+                         kind=self.kinds.get(r.request.request_id)) if k else EMPTY for r, k in zip(rows, ks)]
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +78,19 @@ def rt(llama_fused_engine):
     return specrt.load(llama_fused_engine)
 
 
-def first_step(rt, lengths: dict, curve, packs: bool = False):
+def first_step(rt, lengths: dict, curve, packs: bool = False, kinds: dict | None = None, measured=()):
     """The first step of a batch of len(lengths) rows under synthetic target costs (``curve``: n positions -> seconds),
-    on a target runner that packs rows or pads them."""
-    core = rt.new_core(CoreConfig(max_batch=len(lengths), method="ngram", calibrate=False), proposer=Lengths(lengths))
+    on a target runner that packs rows or pads them; ``kinds``: the rows' proposals' kinds, ``measured``: (kind,
+    proposed, accepted) outcomes the policy knows of."""
+    core = rt.new_core(CoreConfig(max_batch=len(lengths), method="ngram", calibrate=False),
+                       proposer=Lengths(lengths, kinds))
     assert core.target.packs, "the fused test engine runs specrt's attention kernel"
     core.target.packs = core.policy.config.packed = packs
     for i, rid in enumerate(lengths):
         core.add(SequenceRequest(rid, [3, 1, 4, 1, 5][: i + 1], SamplingParams(max_new_tokens=8)))
     fix_costs(core, curve)
+    for outcome in measured:
+        core.policy.kinds.update(*outcome)
     return core.step()[1]
 
 
@@ -106,6 +111,30 @@ def test_a_packing_target_runs_the_rows_whose_chains_pay_their_own_positions(rt)
     assert first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, packs=False).decision.reason == "cut"
     report = first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, packs=True)
     assert report.decision.reason == "policy" and report.proposed == 2 and report.positions == 4 + 2
+
+
+def test_proposals_are_priced_by_what_their_kind_realized(rt):
+    """The packed pass above, the same two rows' matches, now of two kinds: a kind whose guesses were all kept (a
+    4-token match's) and one whose guesses never were (a 1-token match's). The rows' own α (0.6) verified one token
+    of each; the kinds' say the first row's chain pays whole and the second's not at all."""
+    knee = lambda n: 0.010 + 0.00075 * max(0, n - 4)  # noqa: E731
+    measured = [(4, 4, 4)] * 20 + [(1, 4, 0)] * 20
+    report = first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, True, kinds={"a": 4, "b": 1}, measured=measured)
+    assert report.decision.reason == "policy" and report.proposed == 4 and report.positions == 4 + 4
+    report = first_step(rt, {"a": 4, "b": 4, "c": 0, "d": 0}, knee, True, kinds={"a": 1, "b": 1}, measured=measured)
+    assert report.decision.reason == "cut" and report.proposed == 0  # asked (the best kind pays), then cut
+
+
+def test_the_policy_asks_a_lookup_for_proposals_where_its_best_kind_pays():
+    """Rows whose α mixes good and bad guesses: priced by α alone no step speculates; once a kind of guess is
+    measured to pay, the policy asks for proposals (free for a lookup) and the cut prices each by its kind."""
+    policy = SpeculationPolicy(PolicyConfig(gamma_max=4, draft_cost=False, probe=False, packed=True))
+    policy.target_cost = FixedCost(lambda n: 0.016 + 0.0004 * max(0, n - 16))  # 16 rows: 1 ms a row, 0.4 a position
+    assert policy.decide([0.3] * 16).gamma == 0
+    for _ in range(20):
+        policy.kinds.update(4, 4, 4)
+        policy.kinds.update(1, 4, 0)
+    assert policy.decide([0.3] * 16).gamma == 4
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])

@@ -261,3 +261,17 @@ def test_an_interrupted_stream_fails_clearly_and_the_next_one_is_exact(rt):
     with pytest.raises(RuntimeError, match="interrupted"):
         list(first)
     assert rt.generate(PROMPTS[2], max_new_tokens=10, method="draft").token_ids == plain.token_ids
+
+
+def test_acceptance_per_kind_of_guess():
+    """gamma.KindAlphas: one estimate per kind, the row's α where a kind is None or not measured yet."""
+    import doctest
+
+    from specrt.runtime import gamma
+
+    assert doctest.testmod(gamma).failed == 0
+    kinds = gamma.KindAlphas()
+    assert not kinds and kinds.best() == 0.0
+    kinds.update(None, 3, 3)
+    kinds.update(2, 0, 0)  # nothing proposed: no evidence
+    assert not kinds

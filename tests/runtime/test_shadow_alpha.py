@@ -53,7 +53,7 @@ def shadow_core(rt, method: str, batch: int):
         return out
 
     def recording_score(rows, shadows, news):
-        seen[-1] += [list(shadows), [new[0] for new in news]]
+        seen[-1] += [[None if p is None else int(p.tokens[0]) for p in shadows], [new[0] for new in news]]
         score(rows, shadows, news)
 
     core.target.forward, core._score_shadows = recording_forward, recording_score
