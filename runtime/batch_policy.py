@@ -9,7 +9,8 @@ every step, from measurements:
 
     T(B, n)   measured seconds of one target pass of B rows over n positions in all (``PassCost``; T(B) = T(B, B))
     D(B)      measured seconds of one draft step at batch B (0 for n-gram lookup)
-    α_b       each sequence's measured acceptance rate
+    α_b       each sequence's measured acceptance rate (a lookup's proposals of a ``kind``, n-gram's match length:
+              that kind's, ``gamma.KindAlphas``, once made; before, the best kind's: proposing costs nothing)
 
     throughput(γ) = Σ_b E[tokens](α_b, γ) / (T(B, B·(γ+1)) + γ·D(B))     E = (1 - α^(γ+1)) / (1 - α)
     throughput(0) = B / T(B)
