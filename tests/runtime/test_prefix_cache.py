@@ -262,6 +262,11 @@ def test_a_prompt_that_rewrites_what_a_slot_kept_copies_nothing_out(engines, met
     graph keeps no more) and the next chat turn start with every token their slot kept: the slot will hold them
     all again, so nothing is copied to the host tier (a copy of a 300-token prompt cost about half its prefill;
     ``rewrites``). A prompt that shares a start and then differs still has the slot copied out first."""
+    import doctest
+
+    from specrt.runtime import prefix_cache
+
+    assert doctest.testmod(prefix_cache).failed == 0  # ``rewrites``' examples
     rt = engines["traced"]
     warm, cold = warm_core(rt, method, 3, max_batch=1), warm_core(rt, method, 3, max_batch=1, prefix=False)
     run(warm, P1, "probe", n=1)
