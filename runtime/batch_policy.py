@@ -328,8 +328,9 @@ class SpeculationPolicy:
         if not self.target_cost:  # nothing measured yet: plain decoding measures T(B)
             self.last = PolicyDecision(0, 1.0, "policy")
             return self.last
-        if self.kinds:  # a lookup's guesses come in kinds, each priced by its own α once made (the core's cut), and
-            alphas = [max(a, self.kinds.best()) for a in alphas]  # cost nothing: ask for them where the best kind pays
+        best = self.kinds.best()  # a lookup's guesses come in kinds, each priced by its own α once made (the core's
+        if best:  # cut), and cost nothing: ask for them where the best kind pays
+            alphas = [max(a, best) for a in alphas]
         d = choose_gamma(alphas, cfg.gamma_max, self.target_cost.seconds, self.draft_seconds,
                          cfg.speculation_max_batch, cfg.tree, cfg.min_gain, cfg.packed)
         if d.gamma == 0 and d.reason == "policy" and cfg.gamma_max > 0 and cfg.probe:

@@ -35,7 +35,7 @@ class NGramIndex:
 
     ``last_end[n][gram]`` is the end position (exclusive) of the most recent occurrence of
     ``gram`` among the n-grams that END BEFORE the last token, so the suffix itself is never
-    its own match. Proposals equal ``find_continuation`` on the same tokens (tested).
+    its own match. Its proposals (``match``'s tokens) equal ``find_continuation`` on the same tokens (tested).
     """
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
@@ -63,9 +63,6 @@ class NGramIndex:
                 for n in range(self.min_n, min(self.max_n, end) + 1):
                     self.last_end[n][tuple(t[end - n : end])] = end
         self.indexed = max(self.indexed, stop - 1)
-
-    def propose(self, k: int) -> list[int]:
-        return self.match(k)[0]
 
     def match(self, k: int) -> tuple[list[int], int]:
         """(up to k tokens, the length n of the suffix they continue); ([], 0) without a match."""
