@@ -79,15 +79,29 @@ def ort_include() -> Path:
     return d
 
 
+# numpy's name of a CPU feature (its dispatcher's, detected from CPUID / the auxiliary vector) -> /proc/cpuinfo's
+NUMPY_FEATURES = {"AVX2": "avx2", "FMA3": "fma", "AVX512F": "avx512f", "AVX512BW": "avx512bw",
+                  "AVX512VNNI": "avx512_vnni", "ASIMD": "asimd", "ASIMDDP": "asimddp"}
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> str:
+    """The CPU features the kernels ask about, space-separated, named as /proc/cpuinfo's x86 ``flags`` names them:
+    what this process's CPU reports (CPUID on x86, the auxiliary vector on ARM), as numpy's dispatcher detected it, so
+    an emulated CPU (qemu-user, tests/emulated/) is seen as emulated and ARM or macOS are seen at all; AMX's tiles
+    (which numpy does not detect) from /proc/cpuinfo, where the process sees AVX-512 too."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # numpy < 2
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    flags = [name for key, name in NUMPY_FEATURES.items() if features.get(key)]
+    if "avx512f" in flags:
+        try:
+            line = next((l for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("flags")), "")
+        except OSError:
+            line = ""
+        flags += [f for f in ("amx_tile", "amx_int8") if f in line.split()]
+    return " ".join(flags)
 
 
 def vector_code() -> bool:
@@ -97,9 +111,11 @@ def vector_code() -> bool:
     return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
-def attention_library(arch: str = "native") -> Path:
-    """libspecrt_kernels.so for this machine (-march=``arch``; the tests also build x86-64-v3, the AVX2 code, and
-    x86-64-v2, the portable code), built on first use (~1 s) and cached; KernelError if it cannot be."""
+def attention_library(arch: str | None = None) -> Path:
+    """libspecrt_kernels.so for this machine (-march=``arch``, default $SPECRT_KERNEL_MARCH, else native; the tests
+    also build x86-64-v3, the AVX2 code, and x86-64-v2, the portable code; an emulated CPU needs its own, as the
+    compiler runs on the host: tests/emulated/), built on first use (~1 s) and cached; KernelError if it cannot be."""
+    arch = arch or os.environ.get("SPECRT_KERNEL_MARCH") or "native"
     include = ort_include()
     return build_library("specrt's attention kernel", LIBRARY, KERNEL_SOURCES, (*FLAGS, f"-march={arch}", f"-I{include}"),
                          (include / "onnxruntime_c_api.h").read_text(), headers=KERNEL_HEADERS)

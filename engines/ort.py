@@ -306,3 +306,59 @@ class Binding:
         """Run the graph; returns the arrays bound with ``output`` (the cache is written in place)."""
         self._run()
         return self.outputs
+
+
+NBITS_ATTRIBUTES = ("bits", "block_size", "accuracy_level", "K")  # what a MatMulNBits probe is keyed by
+
+
+def one_row_differs(engine: OrtEngine) -> bool:
+    """Whether a one-row call of ``engine``'s graph may compute that row differently from a call of several rows:
+    some of its MatMulNBits nodes run on ONNX Runtime's kernel (not specrt's int4 matmul) and that kernel's one-row
+    path gives other bits than its several-row path on this CPU (``nbits_one_row_differs``: MLAS's AVX2 and ARM
+    code has a one-row kernel of its own; its AVX-512 code computes a row alike either way). The runtime then runs
+    decode steps as calls of two rows (runtime/in_place.py ``decode_rows``)."""
+    import onnx
+    from onnx import helper
+
+    from ..custom_ops import supported_matmul
+
+    proto = onnx.load(str(engine.path), load_external_data=False)
+    names = {t.name for t in proto.graph.initializer}
+    probes = set()
+    for node in proto.graph.node:
+        if node.op_type != "MatMulNBits" or (engine.matmul == "specrt" and supported_matmul(node, names)):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        probes.add((*(int(attrs.get(k, 0)) for k in NBITS_ATTRIBUTES), len(node.input) > 3 and bool(node.input[3])))
+    return any(nbits_one_row_differs(*p) for p in probes)
+
+
+@functools.lru_cache(maxsize=None)
+def nbits_one_row_differs(bits: int, block_size: int, accuracy_level: int, k: int, zero_points: bool) -> bool:
+    """Whether ONNX Runtime's MatMulNBits with these attributes (K = ``k``, 64 columns of random weights) gives a
+    row of a one-row call other bits than the same row in calls of 2 and 3 rows, for any of 3 random inputs. A
+    probe of this process's onnxruntime on this CPU, ~10 ms: which kernels MLAS runs is its own choice."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, blocks = 64, -(-k // block_size)
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.integers(0, 256, (n, blocks, block_size * bits // 8), dtype=np.uint8), "B"),
+               numpy_helper.from_array((rng.random(n * blocks, dtype=np.float32) * 0.02).astype(np.float32), "S")]
+    if zero_points:
+        weights.append(numpy_helper.from_array(rng.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8), "Z"))
+    node = helper.make_node("MatMulNBits", ["A", "B", "S", *(["Z"] if zero_points else [])], ["Y"],
+                            domain="com.microsoft", K=k, N=n, bits=bits, block_size=block_size,
+                            accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        a = rng.standard_normal((3, k)).astype(np.float32)
+        one = session.run(None, {"A": a[:1]})[0][0]
+        if any(not np.array_equal(one, session.run(None, {"A": a[:m]})[0][0]) for m in (2, 3)):
+            return True
+    return False

@@ -112,29 +112,37 @@ def write_decode_graph(path: Path) -> str:
 
 
 def check_decode(fused_path: Path, decode_path: Path, quantized: bool) -> dict:
-    """After a short prompt, 5 decode steps and the verify pass of the same 5 tokens through the padded graph,
-    and that verify pass through the fused graph. Returns {"steps_vs_verify" (max |Δlogit| between the padded
-    graph's decode steps and its verify pass: 0 where the MatMul kernels are row-independent, as measured on
-    x86 with AVX-512), "rel", "kl_mean" (the padded graph's verify pass against the fused graph's:
+    """After a short prompt, 5 decode steps as the runtime runs them here and the verify pass of the same 5 tokens
+    through the padded graph, and that verify pass through the fused graph. A step runs through the padded graph, or
+    where ONNX Runtime's MatMulNBits computes one row apart from several (``engines.ort.one_row_differs``: its AVX2
+    and ARM code) as a call of two rows through the fused graph (the token and a dummy copy: runtime/in_place.py,
+    "Decode rows"). Returns {"steps_vs_verify" (max |Δlogit| between those steps and the padded graph's verify
+    pass: 0 where every kernel computes a row alike whatever the call's other rows), "decode_rows" (1 or 2, on
+    this machine), "rel", "kl_mean" (the padded graph's verify pass against the fused graph's:
     ``parity.logit_metrics``)}. ExportError beyond the batched twin's ``BOUNDS`` (``rel`` for fp32 graphs,
     ``kl_mean`` for quantized ones): a wrong rewrite, not last-bit noise."""
-    from ..engines.ort import OrtEngine
+    from ..engines.ort import OrtEngine, one_row_differs
     from .batched_graph import check_bounds
     from .fused_call import FusedCall
     from .parity import logit_metrics
 
-    padded = FusedCall(OrtEngine(decode_path), len(PROMPT) + len(TOKENS) + 1)  # + 1: the padding row's entry
+    room = len(PROMPT) + len(TOKENS) + 1  # + 1: the padding row's (or the dummy row's) entry
+    padded = FusedCall(OrtEngine(decode_path), room)
     vocab = padded.widths["logits"]
     prompt, tokens = [t % vocab for t in PROMPT], [t % vocab for t in TOKENS]
     p = len(prompt)
+    fused = FusedCall(OrtEngine(fused_path), room)
+    rows = 2 if one_row_differs(padded.engine) else 1
+    stepper = padded if rows == 1 else fused
+    stepper.run(prompt, 0)
+    steps = np.stack([stepper.run([t] * rows, p + i)["logits"][0, 0].copy() for i, t in enumerate(tokens)])
     padded.run(prompt, 0)
-    steps = np.stack([padded.run([t], p + i)["logits"][0, 0].copy() for i, t in enumerate(tokens)])
     verify = padded.run(tokens, p)["logits"][0].copy()  # [5, V]
-    fused = FusedCall(OrtEngine(fused_path), p + len(tokens))
     fused.run(prompt, 0)
     ref = fused.run(tokens, p)["logits"][0]
     logit = logit_metrics(verify, ref)
-    report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "rel": logit["rel"], "kl_mean": logit["kl_mean"]}
+    report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "decode_rows": rows, "rel": logit["rel"],
+              "kl_mean": logit["kl_mean"]}
     check_bounds(report, quantized, f"{decode_path.name}: its verify pass differs from {fused_path.name}'s",
                  "the padding rewrite is wrong for this graph")
     return report

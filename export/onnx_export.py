@@ -449,8 +449,10 @@ def log_graph_summary(log, role: str, entry: dict) -> None:
         log(f"  {role}: T(1) {c['seconds'][0] * 1e3:.2f} ms here; T(Q)/T(1) "
             + ", ".join(f"{q}: {r:.2f}" for q, r in zip(c["q"][1:], c["ratio"][1:])))
     if entry.get("decode_parity"):  # export/decode_pad.py
-        log(f"  {role}: {entry['decode_file']}: decode steps vs verify pass max |Δlogit| "
-            f"{entry['decode_parity']['steps_vs_verify']:.2g}")
+        d = entry["decode_parity"]
+        rows = " (steps of 2 rows: ONNX Runtime's one-row matmul differs here)" if d.get("decode_rows") == 2 else ""
+        log(f"  {role}: {entry['decode_file']}: decode steps vs verify pass max |Δlogit| {d['steps_vs_verify']:.2g}"
+            + rows)
     if entry.get("prefill_parity"):  # export/prefill_graph.py
         f = entry["prefill_parity"]
         log(f"  {role}: {entry['prefill_file']}: prompts on the integer kernel, KL from the decode graph "

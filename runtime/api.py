@@ -203,7 +203,7 @@ class Runtime:
         if self.runner_factory is not None:
             return self.runner_factory(graph, max_batch, on_call), cost
         return runner_for_graph(graph.engine, graph.spec, self.manifest.max_len, max_batch, on_call,
-                                packs=role == "target"), cost
+                                packs=role == "target", decode_rows=None if role == "target" else 1), cost
 
     def suffix_corpus(self, path: str | Path):
         """The fixed suffix index of the corpus file at ``path`` (read and tokenized once per Runtime)."""
@@ -422,12 +422,14 @@ class Runtime:
                      "engine_seconds": engine_s, "loop_overhead": max(0.0, 1 - engine_s / seconds)}
 
 
-def runner_for_graph(engine, spec: GraphSpec, max_len: int, max_batch: int = 1, on_call=None, packs: bool = False):
+def runner_for_graph(engine, spec: GraphSpec, max_len: int, max_batch: int = 1, on_call=None, packs: bool = False,
+                     decode_rows: int | None = None):
     """The runner of a target or draft graph described by a manifest ``GraphSpec``: an
     ``InPlaceRunner`` for a fused graph on ONNX Runtime, else a ``HostRunner``. ``packs``: its passes of chains may
-    run packed (the target's verify passes; a draft's calls never do, so it opens no packed graph)."""
+    run packed (the target's verify passes; a draft's calls never do, so it opens no packed graph);
+    ``decode_rows``: ``InPlaceRunner.for_graph``'s (a draft's is 1: its steps need not equal its own verify rows)."""
     if spec.kv_layout == "in_place" and getattr(engine, "session", None) is not None:
-        return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call, packs)
+        return InPlaceRunner.for_graph(engine, spec, max_len, max_batch, on_call, packs, decode_rows)
     g = spec.geometry
     return HostRunner(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, max_batch, NP_DTYPES[spec.dtype],
                       int(spec.shapes.get("prefill", 128)), on_call, spec.sliding_window)

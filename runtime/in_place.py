@@ -44,6 +44,15 @@ attention runs on specrt's kernel (``OrtEngine(attention="specrt")``, custom_ops
 graph nor the twin: that kernel computes each row the same whatever the call's other rows, so the fused
 graph's decode steps already equal the verify passes' rows, and it takes several rows of Q > 1 tokens.
 
+Decode rows: the MatMulNBits nodes that ONNX Runtime's kernel computes (every int4 matmul where specrt's does not
+run: AVX2, ARM, SPECRT_MATMUL=ort) may have a one-row path of their own, whose bits differ from the same row in a
+call of several rows (MLAS on AVX2: a separate M = 1 kernel; rows of calls of 2 rows or more agree). Padding the
+attention does not reach them. Where ``engines.ort.one_row_differs`` finds such a kernel (a probe of this process's
+onnxruntime, at load), ``decode_rows`` is 2: every one-token call runs as two rows, the token and a dummy copy of it
+after it (causal-last: no real row sees it; its K/V land in the entry after, never valid), through the fused graph, so MatMulNBits and GroupQueryAttention both take their several-row paths and a decode step equals the
+verify pass's row bit for bit. It costs one row per decode step; the padded graph is then not opened. Calls of
+several rows (a batch's step) need nothing.
+
 Prompt chunks run through the prefill graph where the engine dir has one (``prefill_file``,
 export/prefill_graph.py: the padded graph with its MatMulNBits layers on the integer kernel, ~3x faster
 per prompt token); the prompt's entries then come from that graph, the generated tokens' from the others.
@@ -58,7 +67,7 @@ import numpy as np
 
 from ..contract import batch_mask, chain_inputs, chain_mask, in_place_mask, past_names, present_names
 from ..engines import EngineError, OrtEngine
-from ..engines.ort import Binding
+from ..engines.ort import Binding, one_row_differs
 from .runner import CacheFullError, Pass, Runner, cache_zeros, keep_freed_memory
 
 
@@ -91,13 +100,14 @@ class InPlaceRunner(Runner):
     def __init__(self, engine, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, vocab_size: int,
                  hidden_size: int | None = None, max_batch: int = 1, prefill_chunk: int = 128, on_call=None,
                  aux_size: int | None = None, batched: "Sibling | None" = None, decode: "Sibling | None" = None,
-                 prefill: "Sibling | None" = None, packed: "Sibling | None" = None):
+                 prefill: "Sibling | None" = None, packed: "Sibling | None" = None, decode_rows: int = 1):
         if not isinstance(engine, OrtEngine) or engine.io_binding:
             raise EngineError("a fused graph (kv_layout in_place) runs on ONNX Runtime's CPU provider only; "
                               "export with --graph traced for the torch backend, CUDA or TensorRT")
         self.engine = engine
         self.batched = batched  # the batched twin: calls of R > 1 rows with Q > 1 (None: row by row)
         self.single = decode or engine  # single-row calls: the padded graph (None: the fused graph)
+        self.decode_rows = decode_rows  # 2: a one-token call runs with a dummy second row (see "Decode rows" above)
         self.prefill_graph = prefill  # prompt chunks: the padded graph on the integer kernel (None: ``single``)
         self.dtype = np.float32
         self.max_len, self.max_batch, self.prefill_chunk = max_len, max_batch, prefill_chunk
@@ -125,15 +135,19 @@ class InPlaceRunner(Runner):
 
     @classmethod
     def for_graph(cls, engine, spec, max_len: int, max_batch: int = 1, on_call=None,
-                  packs: bool = False) -> "InPlaceRunner":
+                  packs: bool = False, decode_rows: int | None = None) -> "InPlaceRunner":
         """The runner of ``spec``'s graph with its siblings opened; ``packs``: with the packed graph too (several
-        slots: passes of chains without padding)."""
+        slots: passes of chains without padding); ``decode_rows``: 1 or 2 rows a one-token call runs with (None:
+        2 where ``engines.ort.one_row_differs`` says a one-row call's bits may differ, else 1)."""
         g = spec.geometry
         aux = len(spec.aux_hidden_layers) * g.hidden_size if spec.aux_hidden_layers else None
+        if decode_rows is None:
+            decode_rows = 2 if one_row_differs(engine) else 1
         return cls(engine, g.num_layers, g.num_kv_heads, g.head_dim, max_len, g.vocab_size,
                    g.hidden_size if spec.has_hidden else None, max_batch, int(spec.shapes.get("prefill", 128)), on_call,
-                   aux, open_twin(engine, spec) if max_batch > 1 else None, open_decode(engine, spec),
-                   open_prefill(engine, spec), open_packed(engine) if packs and max_batch > 1 else None)
+                   aux, open_twin(engine, spec) if max_batch > 1 else None,
+                   open_decode(engine, spec) if decode_rows == 1 else None,
+                   open_prefill(engine, spec), open_packed(engine) if packs and max_batch > 1 else None, decode_rows)
 
     def binding(self, first: int, rows: int, twin: bool = False) -> Binding:
         """The binding of the fused graph (``twin``: of the batched twin; one row: of ``single``) whose cache
@@ -160,7 +174,7 @@ class InPlaceRunner(Runner):
         slots = np.asarray(slots, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         r, q = ids.shape
-        if r == 1 and q <= CHAIN_Q and blocks is None and self.lengths[slots[0]] + q <= self.max_len:
+        if r == 1 and q <= CHAIN_Q and (blocks is None or q == 1) and self.lengths[slots[0]] + q <= self.max_len:
             return self._timed(self._chain, 1, q, record, int(slots[0]), ids[0])  # a decode step or a chain's verify
         lengths = self.lengths[slots].copy()  # [R]
         if counts is not None and self.packs and blocks is None and r > 1:
@@ -239,19 +253,26 @@ class InPlaceRunner(Runner):
         return [fits[run] for run in consecutive_runs(slots[fits])] + [np.array([b]) for b in alone]
 
     def _chain(self, slot: int, ids: np.ndarray) -> Pass:
-        """Q <= CHAIN_Q tokens ``ids`` [Q] after slot ``slot``'s entries, causal, through ``ChainArrays``."""
+        """Q <= CHAIN_Q tokens ``ids`` [Q] after slot ``slot``'s entries, causal, through ``ChainArrays``; with
+        ``decode_rows`` 2, one token runs as a call of two: the token, then a dummy copy of it, writing the entry
+        after it (never valid). Row 0 cannot see it. Not for a call writing the cache's last entry
+        (ONNX Runtime's attention refuses a total past its rotary cache), which the core never makes: its cache holds
+        every token but the pending one, so a sequence of max_len tokens writes max_len - 1 entries."""
         q, n = len(ids), int(self.lengths[slot])
-        a = self.chain_arrays.get((slot, q))
+        calls = max(q, self.decode_rows) if n + self.decode_rows <= self.max_len else q  # the call's rows
+        a = self.chain_arrays.get((slot, calls))
         if a is None:
             buffer = self.mask_buffers.setdefault(slot, np.zeros(CHAIN_Q * self.max_len, np.float32))
-            a = self.chain_arrays[slot, q] = ChainArrays(self._cache_binding(slot, 1, self.single), q, buffer,
-                                                         {"logits": self.vocab_size, **self.features})
-        a.ids[0] = ids
+            a = self.chain_arrays[slot, calls] = ChainArrays(self._cache_binding(slot, 1, self.single), calls, buffer,
+                                                             {"logits": self.vocab_size, **self.features})
+        a.ids[0, :q] = ids
         np.add(a.offsets, n, out=a.position[0])
-        a.seqlens_k[0], a.total[()] = n + q - 1, n + q
-        a.binding.input("attention_mask", chain_mask(n, q, out=a.mask_buffer))
+        if calls > q:
+            a.ids[0, q:] = ids[-1]
+        a.seqlens_k[0], a.total[()] = n + calls - 1, n + calls
+        a.binding.input("attention_mask", chain_mask(n, calls, out=a.mask_buffer))
         a.binding.run()
-        outputs = {name: out.copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
+        outputs = {name: out[:, :q].copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
         return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
     def _run(self, rows, slots, ids, lengths, positions, blocks) -> dict[str, np.ndarray]:
@@ -263,6 +284,8 @@ class InPlaceRunner(Runner):
         n = min(q, self.max_len - int(lens.max()))  # padding that would run past the cache is cut
         if n < 1 or (len(rows) > 1 and n < q):
             raise CacheFullError(f"KV cache full: lengths {lens.tolist()} + {q} > max_len {self.max_len}")
+        if len(rows) == 1 and n < self.decode_rows:  # one token alone (a slot between others' in a batch step)
+            return self._chain(int(slots[rows[0]]), ids[rows[0], :n]).outputs
         total = int(lens.max()) + n
         if len(rows) == 1:
             block = None if blocks is None else blocks[rows[0]]

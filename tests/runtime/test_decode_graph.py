@@ -10,6 +10,7 @@ import pytest
 
 import specrt
 from specrt.engines import EngineError
+from specrt.runtime import in_place
 from specrt.runtime.in_place import InPlaceRunner
 
 TARGET = dict(arch="llama", hidden=64, scale=20.0)  # head_dim 16: the fused graph
@@ -35,6 +36,17 @@ def steps_and_pass(runner: InPlaceRunner) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(steps), runner.forward([1], [TOKENS]).logits[0]
 
 
+def assert_lookups_equal_plain(rt) -> None:
+    """n-gram and suffix decoding at γ max give plain greedy's tokens, on a prompt where lookups find proposals."""
+    base = [3, 1, 4, 1, 5]
+    cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
+    prompt = base + cont + base + cont[:1]
+    plain = rt.generate(prompt, max_new_tokens=24, method="none").token_ids
+    for method in ("ngram", "suffix"):
+        out = rt.generate(prompt, max_new_tokens=24, method=method, gamma=rt.gamma_max)
+        assert out.token_ids == plain and out.stats["proposed"] > 0
+
+
 def test_the_export_writes_the_padded_graph_on_the_shared_weights_file(engine):
     entry = json.loads((engine / "manifest.json").read_text())["models"]["target"]
     assert entry["decode_file"] == "target_decode.onnx"
@@ -44,17 +56,46 @@ def test_the_export_writes_the_padded_graph_on_the_shared_weights_file(engine):
 
 
 def test_a_decode_step_equals_the_verify_pass_row_bit_for_bit(engine):
-    rt = specrt.load(engine, attention="ort")  # the padded graph: ORT's attention (not $SPECRT_ATTENTION)
+    """Through the padded graph, or where ONNX Runtime's one-row matmul differs (AVX2, ARM) as calls of two rows."""
+    rt = specrt.load(engine, attention="ort")  # ORT's attention (not $SPECRT_ATTENTION)
     runner = rt.runner("target", 2)[0]
-    assert runner.single is not runner.engine and runner.data.shape[3] == rt.manifest.max_len + 1
+    assert (runner.single is runner.engine) == (runner.decode_rows == 2)
+    assert runner.data.shape[3] == rt.manifest.max_len + 1
     steps, verify = steps_and_pass(runner)
     assert np.array_equal(steps, verify)
     unpadded = InPlaceRunner.for_graph(rt.target.engine, dataclasses.replace(rt.target.spec, decode_file=None),
-                                       rt.manifest.max_len, 2)
+                                       rt.manifest.max_len, 2, decode_rows=1)
     assert unpadded.single is unpadded.engine
     steps, verify = steps_and_pass(unpadded)  # the fused graph's own Q = 1 path: not the verify pass's bits
     if rt.target.spec.quantize == "int4":  # (this toy w8a8 graph happens to round both paths alike)
         assert not np.array_equal(steps, verify), "ORT's GQA no longer has a Q = 1 path of its own: the pad is moot"
+
+
+@pytest.mark.parametrize("attention", ["ort", "specrt"])
+def test_where_a_one_row_matmul_differs_a_decode_step_runs_two_rows(engine, attention, monkeypatch, request):
+    """Where ONNX Runtime's MatMulNBits computes a one-row call apart from calls of several (its AVX2 and ARM code,
+    ``engines.ort.one_row_differs``), a one-token call runs as two rows through the fused graph, the token and a dummy
+    copy: it equals the verify pass's row bit for bit, alone or as a slot between others' in a batch step, at the
+    cache's last entry too; greedy speculation equals plain greedy. Forced here, whatever this CPU's kernel does."""
+    monkeypatch.setattr(in_place, "one_row_differs", lambda engine: True)
+    if attention == "specrt":
+        attention = request.getfixturevalue("specrt_attention")  # skipped, saying why, where the kernel cannot build
+    rt = specrt.load(engine, attention=attention, matmul="ort")
+    runner = rt.runner("target", 3)[0]
+    assert runner.decode_rows == 2 and runner.single is runner.engine
+    steps, verify = steps_and_pass(runner)
+    assert np.array_equal(steps, verify)
+    runner = rt.runner("target", 3)[0]
+    runner.prefill(0, PROMPT)
+    runner.prefill(2, PROMPT)
+    batch = runner.forward([0, 2], [[TOKENS[0]], [TOKENS[0]]])  # slots 0 and 2: two calls of one row each
+    assert np.array_equal(batch.logits[0, 0], steps[0]) and np.array_equal(batch.logits[1, 0], steps[0])
+    n = rt.manifest.max_len
+    runner.prefill(1, [i % 31 + 1 for i in range(n - 2)])
+    last = runner.forward([1], [[3]])  # the core's last step (max_len - 1 entries): its dummy writes the last entry
+    runner.commit(last)
+    assert runner.room(1) == 1 and np.isfinite(last.logits).all()
+    assert_lookups_equal_plain(rt)
 
 
 def test_a_full_cache_still_takes_a_decode_step(engine):
@@ -111,10 +152,4 @@ def test_on_specrt_attention_the_fused_graph_needs_no_pad(engine, specrt_attenti
     assert (rt.target.engine.session.specrt_matmuls > 0) == (matmul == "specrt" and (int4 or int8_code()))
     steps, verify = steps_and_pass(runner)
     assert np.array_equal(steps, verify)
-    base = [3, 1, 4, 1, 5]
-    cont = rt.generate(base, max_new_tokens=8, method="none").token_ids
-    prompt = base + cont + base + cont[:1]
-    plain = rt.generate(prompt, max_new_tokens=24, method="none").token_ids
-    for method in ("ngram", "suffix"):
-        out = rt.generate(prompt, max_new_tokens=24, method=method, gamma=rt.gamma_max)
-        assert out.token_ids == plain and out.stats["proposed"] > 0
+    assert_lookups_equal_plain(rt)

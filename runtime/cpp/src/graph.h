@@ -34,6 +34,7 @@ class Graph {
   int room() const { return max_len_ - length_; }
   int vocab() const { return spec_.vocab_size; }
   bool on_kernel() const { return on_kernel_; }  // its attention runs on specrt's kernel (else ONNX Runtime's)
+  int decode_rows() const { return decode_rows_; }  // 2: a one-token call runs as two rows (one_row_differs)
 
   double engine_seconds = 0;  // time inside Session::Run
   int64_t calls = 0;          // Session::Run calls
@@ -42,6 +43,7 @@ class Graph {
   // One call of `session` (the decode graph's or the prefill graph's), whose logits hold `logit_rows` positions.
   const float *run(const int64_t *ids, int q, Ort::Session &session, int logit_rows);
   void check_inputs() const;  // the graph's inputs must be the manifest's (runtime.py check_graph)
+  bool one_row_differs();     // whether a one-row call's row has other bits than in a call of two (at load)
   void build_mask(int q);     // additive mask [1, 1, q, L + q]: causal, sliding window
 
   GraphSpec spec_;
@@ -51,6 +53,7 @@ class Graph {
   size_t entry_bytes_;                // one time step of one plane: Hkv * D * elem
   bool in_place_;
   bool on_kernel_ = false;
+  int decode_rows_ = 1;  // runtime/in_place.py "Decode rows": 2 where one_row_differs (ONNX Runtime's AVX2 / ARM matmul)
   Ort::Session session_{nullptr};
   Ort::Session prefill_session_{nullptr};  // spec.prefill_file's: prompt chunks (none: session_)
   Ort::MemoryInfo memory_{nullptr};
