@@ -8,7 +8,9 @@ from ..core import CoreConfig
 
 @dataclass
 class ServerConfig:
-    model_name: str  # the id in GET /v1/models; requests must name it in "model"
+    model_name: str  # the id in GET /v1/models and in responses; requests may name it in "model" (or none)
+    model_aliases: tuple = ()  # other ids requests may name in "model" (also listed by GET /v1/models)
+    strict_api: bool = False  # an unknown request field is a 400 (OpenAI's rule), not ignored with a warning
     batch: CoreConfig = field(default_factory=CoreConfig)  # slots, method, γ (None = batch-aware policy)
     max_queue: int = 128  # requests waiting for a slot beyond which new ones get 429
     api_key: str | tuple | None = None  # a key or several: /v1/* require "Authorization: Bearer <one of them>";

@@ -16,6 +16,7 @@ routes.py chain the steps they need, e.g. a completion::
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ from .openai_api import ApiError, ChatCompletionRequest, ChatMessage, Completion
 from .state import ServerState
 from .structured import compile_constraint, output_constraint
 from .tools import ToolChoiceError, ToolPlan, plan_tools
+
+log = logging.getLogger("specrt.serve")
 
 
 def authorize(server: ServerState, request: Request) -> str | None:
@@ -71,12 +74,16 @@ async def read_body(server: ServerState, request: Request) -> bytes:
 async def parse(server: ServerState, request: Request, schema):
     """The body as a validated ``schema``, parsed off the event loop: a huge body costs its own
     request's latency, not everyone's."""
-    return await asyncio.to_thread(parse_request, await read_body(server, request), schema)
+    req = await asyncio.to_thread(parse_request, await read_body(server, request), schema, server.config.strict_api)
+    if req.ignored:
+        log.warning("%s: ignored unknown field(s) %s (--strict-api refuses them)", request.url.path,
+                    ", ".join(req.ignored))
+    return req
 
 
-def check_model(server: ServerState, name: str) -> None:
-    """ApiError 404 unless ``name`` is the served model's id."""
-    if name != server.model:
+def check_model(server: ServerState, name: str | None) -> None:
+    """ApiError 404 unless ``name`` is None (the served model) or one of the served model's ids."""
+    if name is not None and name not in server.model_names:
         raise ApiError(404, f"the model {name!r} does not exist; this server serves {server.model!r}", param="model",
                        code="model_not_found")
 

@@ -66,7 +66,9 @@ class MetricsMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        endpoint = scope["path"] if scope["path"] in ENDPOINTS else "other"
+        path = scope["path"]
+        path = path if path.startswith("/v1/") or "/v1" + path not in ENDPOINTS else "/v1" + path  # (paths without /v1)
+        endpoint = path if path in ENDPOINTS else "other"
         t0, status = time.perf_counter(), [None]
 
         async def send_and_observe(message):

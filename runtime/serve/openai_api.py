@@ -1,7 +1,10 @@
 """The OpenAI-compatible surface of `specrt serve`: request schemas and response bodies (chat templates: runtime/serve/chat.py).
 
-Requests are validated strictly: an unknown field, a wrong type or an out-of-range value is a
-400 with an OpenAI-style error body (``error_body``), never silently ignored. Fields of OpenAI's API
+Requests are validated strictly where it protects: a wrong type or an out-of-range value is a 400 with an
+OpenAI-style error body (``error_body``). Unknown top-level fields are ignored, as vLLM and llama-server ignore
+them, and named in the response's ``X-Specrt-Ignored-Fields`` header and the server's log (``parse_request``; with
+``strict=True``, `specrt serve --strict-api`, they are a 400 as OpenAI's). ``model`` may be left out (the served
+model). llama.cpp's ``n_predict`` is read as ``max_tokens``. Fields of OpenAI's API
 that specrt does not implement (best_of, suffix, functions, ...; tools on /v1/completions) are accepted
 at their neutral value (what clients send by default) and refused with a 400 naming the field otherwise;
 integral floats are accepted where the API takes an integer (16.0 for 16), as OpenAI's server does.
@@ -16,7 +19,8 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -35,6 +39,17 @@ NEUTRAL = {"logit_bias": ({}, None), "echo": (False, None), "suffix": (None, "")
            "function_call": (None, "none"), "service_tier": (None, "auto", "default"), "store": (None, False),
            "metadata": (None, {}), "modalities": (None, ["text"]),
            "prediction": (None,), "reasoning_effort": (None,), "audio": (None,), "web_search_options": (None,)}
+
+class ApiRequest(BaseModel):
+    """A request body's schema: ``ignored`` holds the unknown top-level fields ``parse_request`` dropped."""
+
+    model_config = STRICT
+    _ignored: tuple = PrivateAttr(default=())
+
+    @property
+    def ignored(self) -> tuple:
+        return self._ignored
+
 
 class ApiError(Exception):
     """An error answered with ``status`` and an OpenAI-style body."""
@@ -80,19 +95,25 @@ class JsonSchemaFormat(BaseModel):
     """response_format {"type": "json_schema", "json_schema": {...}} (OpenAI's)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-    name: str = Field(pattern=NAME)
+    name: str = Field("response", pattern=NAME)  # required by OpenAI; vLLM and llama-server do without
     description: str | None = None
     schema_: dict | None = Field(None, alias="schema")  # None: any JSON object
     strict: bool | None = None  # true: objects admit only their listed properties (structured.strict_schema)
 
 
 class ResponseFormat(BaseModel):
-    model_config = STRICT
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None  # with type "json_schema" only
+    schema_: dict | None = Field(None, alias="schema")  # llama-server's {"type": "json_object", "schema": {...}}
 
     @model_validator(mode="after")
     def _schema_with_its_type(self):
+        if self.schema_ is not None:
+            if self.type != "json_object":
+                raise RefusedField('response_format takes "schema" with type "json_object" only (llama-server\'s form)',
+                                   param="response_format")
+            return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(schema=self.schema_))
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise RefusedField('response_format needs "json_schema" exactly when its type is "json_schema"',
                                param="response_format")
@@ -134,11 +155,10 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # send a last chunk with empty choices and the usage
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(ApiRequest):
     """Fields shared by completions and chat completions (OpenAI's names and ranges)."""
 
-    model_config = STRICT
-    model: str  # must be the served model's id (GET /v1/models)
+    model: str | None = None  # the served model's id or an alias (GET /v1/models); None: the served model
     temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
     top_p: float = Field(1.0, gt=0, le=1)
     n: Int = Field(1, ge=1, le=128)  # choices: independent samples sharing the prompt's prefill (<= --max-batch)
@@ -165,6 +185,11 @@ class SamplingFields(BaseModel):
         vLLM's older guided_json / guided_regex / guided_choice / guided_grammar become structured_outputs."""
         if not isinstance(data, dict):
             return data
+        if "n_predict" in data:  # llama.cpp's name for max_tokens (-1: no limit)
+            n = data["n_predict"]
+            data = {k: v for k, v in data.items() if k != "n_predict"}
+            if "max_tokens" not in data and "max_completion_tokens" not in data:
+                data["max_tokens"] = None if n == -1 else n
         guided = {GUIDED[k]: v for k, v in data.items() if k in GUIDED and v is not None}
         if guided:
             if data.get("structured_outputs") is not None:
@@ -376,23 +401,32 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ApiRequest):
     """POST /tokenize (vLLM's): a prompt, or chat messages rendered with the chat template."""
 
-    model_config = STRICT
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = STRICT
+class DetokenizeRequest(ApiRequest):
     model: str | None = None
     tokens: list[Int]
 
 
-def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
-    """JSON bytes -> a validated request, or ApiError(400) naming the field."""
+EXTRA_NAMES = ("n_predict",)  # top-level names read by a schema's before-validator, besides NEUTRAL's and GUIDED's
+
+
+def known_fields(schema: type[BaseModel]) -> set:
+    """The top-level names ``schema`` reads: its fields (and their aliases) and those its validators take."""
+    names = {f.alias or name for name, f in schema.model_fields.items()} | set(schema.model_fields)
+    return names | (set(NEUTRAL) | set(GUIDED) | set(EXTRA_NAMES) if issubclass(schema, SamplingFields) else set())
+
+
+def parse_request(raw: bytes, schema: type[ApiRequest], strict: bool = True) -> ApiRequest:
+    """JSON bytes -> a validated request, or ApiError(400) naming the field. ``strict``: an unknown top-level
+    field is a 400 (OpenAI's rule); else it is dropped and named in the request's ``ignored`` (vLLM's and
+    llama-server's rule). Unknown fields inside objects (a message, response_format, ...) are 400s either way."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -401,10 +435,13 @@ def parse_request(raw: bytes, schema: type[BaseModel]) -> BaseModel:
         raise ApiError(400, "request body nests too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    ignored = () if strict else tuple(k for k in data if k not in known_fields(schema))
     try:
-        return schema.model_validate(data)
+        req = schema.model_validate({k: v for k, v in data.items() if k not in ignored})
     except ValidationError as e:
         raise validation_error(e.errors()[0]) from None
+    req._ignored = ignored
+    return req
 
 
 def validation_error(err: dict) -> ApiError:
@@ -454,14 +491,21 @@ def speculation_field(stats: list[dict]) -> dict:
             "tokens_per_pass": (total["accepted"] + total["rounds"]) / max(total["rounds"], 1), **forced}
 
 
+def fingerprint() -> str:
+    """``system_fingerprint`` of every response and chunk: the specrt version that answered."""
+    from ... import __version__
+
+    return f"specrt-{__version__}"
+
+
 def completion_body(rid: str, model: str, choices: list[dict], use: dict, stats: dict) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": use, "speculation": stats}
+            "system_fingerprint": fingerprint(), "choices": choices, "usage": use, "speculation": stats}
 
 
 def chat_body(rid: str, model: str, choices: list[dict], use: dict, stats: dict) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": use, "speculation": stats}
+            "system_fingerprint": fingerprint(), "choices": choices, "usage": use, "speculation": stats}
 
 
 def completion_choice(index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
@@ -481,12 +525,13 @@ def chat_choice(index: int, text: str | None, finish: str, logprobs: dict | None
 def completion_chunk(rid: str, model: str, text: str, finish: str | None = None, index: int = 0,
                      logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [completion_choice(index, text, finish, logprobs)]}
+            "system_fingerprint": fingerprint(), "choices": [completion_choice(index, text, finish, logprobs)]}
 
 
 def chat_chunk(rid: str, model: str, delta: dict, finish: str | None = None, index: int = 0,
                logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "system_fingerprint": fingerprint(),
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
@@ -517,7 +562,8 @@ def chat_logprobs(entries: list[tuple]) -> dict:
 
 
 def usage_chunk(rid: str, model: str, obj: str, use: dict) -> dict:
-    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [], "usage": use}
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "system_fingerprint": fingerprint(), "choices": [], "usage": use}
 
 
 def sse(data) -> bytes:

@@ -30,12 +30,15 @@ router = APIRouter()
 
 
 # ---- generation ---------------------------------------------------------------------------------
+# Every /v1 path is also served without the prefix (an OpenAI client whose base_url lacks /v1, llama-server's paths)
 @router.post("/v1/completions")
+@router.post("/completions", include_in_schema=False)
 async def completions(request: Request, server: Server):
     return await complete(request, server, CompletionRequest, completion_prompt, chat=False)
 
 
 @router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request, server: Server):
     return await complete(request, server, ChatCompletionRequest, chat_prompt, chat=True)
 
@@ -60,21 +63,31 @@ async def complete(request: Request, server: ServerState, schema: type,
     usage_chunk = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     job = Job(prompt.ids, params, chat, req.stream, t0, usage_chunk, prompt.echo, cache_scope=scope, fields=fields,
               tools=plan)
-    return await server.answer(request, job)
+    response = await server.answer(request, job)
+    if req.ignored:  # unknown fields dropped (ServerConfig.strict_api off): named for the client
+        response = response if isinstance(response, Response) else JSONResponse(response)
+        response.headers[IGNORED_HEADER] = ", ".join(req.ignored)
+    return response
+
+
+IGNORED_HEADER = "X-Specrt-Ignored-Fields"  # the unknown request fields a response ignored
 
 
 # ---- models, health, metrics, version -----------------------------------------------------------
 @router.get("/v1/models")
+@router.get("/models", include_in_schema=False)
 async def models(request: Request, server: Server):
     authorize(server, request)
-    return {"object": "list", "data": [{"id": server.model, "object": "model", "created": 0, "owned_by": "specrt"}]}
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specrt"}
+                                       for name in server.model_names]}
 
 
 @router.get("/v1/models/{model_id}")
+@router.get("/models/{model_id}", include_in_schema=False)
 async def model_card(model_id: str, request: Request, server: Server):
     authorize(server, request)
     check_model(server, model_id)
-    return {"id": server.model, "object": "model", "created": 0, "owned_by": "specrt", "max_model_len": server.max_len}
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "specrt", "max_model_len": server.max_len}
 
 
 @router.get("/health")
@@ -133,8 +146,7 @@ async def tokenizer_request(request: Request, server: ServerState, schema: type)
     """A /tokenize or /detokenize request: authorized, parsed, and naming this model if it names one."""
     authorize(server, request)
     req = await parse(server, request, schema)
-    if req.model:
-        check_model(server, req.model)
+    check_model(server, req.model)
     return req
 
 

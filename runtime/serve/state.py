@@ -40,8 +40,13 @@ class ServerState:
 
     @property
     def model(self) -> str:
-        """The served model's id (GET /v1/models); requests must name it."""
+        """The served model's id (GET /v1/models, responses' ``model``)."""
         return self.config.model_name
+
+    @property
+    def model_names(self) -> tuple:
+        """The ids a request may name in ``model``: the served model's, then its aliases."""
+        return (self.config.model_name, *self.config.model_aliases)
 
     @property
     def max_len(self) -> int:

@@ -35,7 +35,12 @@ from .options import attention_option
               help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable: any of the keys; or set "
                    "SPECRT_API_KEY, keys separated by spaces). Suffix decoding's cache of earlier outputs is kept "
                    "per key.")
-@click.option("--model-name", default=None, help="Model id clients send in 'model'. Default: the engine dir's name.")
+@click.option("--model-name", default=None,
+              help="Model id in /v1/models and responses, then any aliases, comma-separated (e.g. smollm2,gpt-4o): "
+                   "a request may name any of them in 'model', or none. Default: the engine dir's name.")
+@click.option("--strict-api", is_flag=True,
+              help="Refuse unknown request fields with HTTP 400, as OpenAI does (default: ignore them, naming them in "
+                   "the log and the X-Specrt-Ignored-Fields response header, as vLLM and llama-server do).")
 @click.option("--threads", default=None, type=click.IntRange(1),
               help="ONNX Runtime intra-op threads (default: ORT's choice).")
 @attention_option
@@ -77,7 +82,7 @@ from .options import attention_option
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_cache, prefix_cache_mb, suffix_corpus,
-          api_key, model_name, threads, attention, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
+          api_key, model_name, strict_api, threads, attention, backend, device, max_body_bytes, max_prompt_tokens, max_connections, keep_alive_timeout, header_timeout,
           body_timeout, max_header_bytes, drain_timeout, grammar_timeout,
           allowed_origins, allowed_hosts, use_ray, replicas, ray_address, cpus_per_replica, log_level):
     """Serve ENGINE_DIR: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -95,9 +100,9 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         api_keys(api_key)  # the server's own check, before anything starts (Ray included)
     except ValueError as e:
         raise click.UsageError(f"--api-key: {e}")
-    name = model_name or Path(engine_dir).resolve().name
+    names = [n.strip() for n in (model_name or "").split(",") if n.strip()] or [Path(engine_dir).resolve().name]
     spec = AppSpec(str(engine_dir), ServerConfig(
-        model_name=name, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
+        model_name=names[0], model_aliases=tuple(names[1:]), strict_api=strict_api, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
         batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache,
@@ -111,7 +116,7 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         raise click.ClickException(str(e))
     method = app.state.server.core.config.method
     policy = f"fixed gamma {gamma}" if gamma is not None else "batch-aware policy"
-    click.echo(f"serving {name!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
+    click.echo(f"serving {names[0]!r} ({method}, {policy}, max batch {max_batch}, backend {backend}) on "
                f"http://{host}:{port}", err=True)
     from ...runtime.serve.http import timed_h11
 

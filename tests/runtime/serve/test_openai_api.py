@@ -9,8 +9,8 @@ from specrt.runtime.serve.openai_api import ApiError, ChatCompletionRequest, Com
 BASE = {"model": "m", "prompt": "hi"}
 
 
-def parse(body, schema=CompletionRequest):
-    return parse_request(json.dumps(body).encode() if not isinstance(body, bytes) else body, schema)
+def parse(body, schema=CompletionRequest, strict=True):
+    return parse_request(json.dumps(body).encode() if not isinstance(body, bytes) else body, schema, strict)
 
 
 @pytest.mark.parametrize("extra,field,value", [
@@ -47,6 +47,27 @@ def test_refused_naming_the_field(extra, param, message):
     with pytest.raises(ApiError, match=message) as e:
         parse({**BASE, **extra})
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_the_peers_forms_of_an_output_schema():
+    """llama-server's {"type": "json_object", "schema": ...} and a json_schema without its name (vLLM, llama-server)
+    read as OpenAI's json_schema; nothing but the schema changes; unknown fields inside stay refused."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for form in ({"type": "json_object", "schema": schema}, {"type": "json_schema", "json_schema": {"schema": schema}}):
+        fmt = parse({**BASE, "response_format": form}).response_format
+        assert fmt.type == "json_schema" and fmt.json_schema.schema_ == schema and fmt.json_schema.name == "response"
+    with pytest.raises(ApiError, match='"schema" with type "json_object" only'):
+        parse({**BASE, "response_format": {"type": "text", "schema": schema}})
+    with pytest.raises(ApiError, match="unknown parameter") as e:
+        parse({**BASE, "response_format": {"type": "json_object", "bogus": 1}}, strict=False)
+    assert e.value.param == "response_format.bogus"
+
+
+def test_unknown_top_level_fields_are_ignored_unless_strict():
+    req = parse({**BASE, "id_slot": 1, "cache_prompt": False, "n_predict": 5}, strict=False)
+    assert req.ignored == ("id_slot", "cache_prompt") and req.max_tokens == 5 and req.model == "m"
+    assert parse({"prompt": "hi", "n_predict": -1, "max_tokens": 3}).max_tokens == 3  # max_tokens wins
+    assert parse({"prompt": "hi", "n_predict": -1}).max_tokens is None and parse({"prompt": "hi"}).model is None
 
 
 def test_chat_neutral_tools_fields():
