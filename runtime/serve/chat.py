@@ -55,6 +55,24 @@ class ChatTemplate:
                                     **self.special)
 
 
+    def continue_final(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text that continues the final message, an assistant's partial reply (llama-server's prefill,
+        vLLM's ``continue_final_message``): the conversation rendered as it stands, cut right after that message's
+        content (what the template writes after it, an end of turn, is dropped), as HF transformers cuts it.
+
+            continue_final([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}])
+            # default template -> "user: hi\nassistant: Hello, I"
+
+        TemplateInputError where the template does not write that content as given."""
+        text = self.render(messages, add_generation_prompt=False, tools=tools)
+        final = messages[-1]["content"] or ""
+        at = text.rfind(final) if final.strip() else -1
+        if at < 0:
+            raise TemplateInputError("the chat template does not write the final assistant message's content as "
+                                     "given, so it cannot be continued")
+        return text[: at + len(final)]
+
+
 class TemplateInputError(ValueError):
     """The chat template rejected the messages (its ``raise_exception``)."""
 

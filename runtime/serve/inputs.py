@@ -103,12 +103,16 @@ def encode(server: ServerState, prompt: str | list[int]) -> list[int]:
     return ids
 
 
-def render_and_encode(server: ServerState, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
-    """Chat messages (and OpenAI function ``tools``) rendered with the chat template, then encoded."""
+def render_and_encode(server: ServerState, messages: list[ChatMessage], tools: list[dict] | None = None,
+                      continue_final: bool = False) -> list[int]:
+    """Chat messages (and OpenAI function ``tools``) rendered with the chat template, then encoded;
+    ``continue_final``: the prompt ends inside the final (assistant) message, whose reply continues it."""
     from jinja2 import TemplateError
 
     try:
-        prompt = server.template.render([m.for_template() for m in messages], tools=tools)
+        rendered = [m.for_template() for m in messages]
+        template = server.template
+        prompt = template.continue_final(rendered, tools) if continue_final else template.render(rendered, tools=tools)
     except TemplateInputError as e:
         raise ApiError(400, f"chat template rejected the messages: {e}", param="messages") from None
     except (TemplateError, TypeError) as e:  # a template that cannot render these messages (e.g. a tool turn)
@@ -144,7 +148,19 @@ def chat_prompt(server: ServerState, req: ChatCompletionRequest) -> Prompt:
     tool_choice is "none")."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice_name != "none" \
         else None
-    return Prompt(render_and_encode(server, req.messages, tools))
+    return Prompt(render_and_encode(server, req.messages, tools, continues_final(req)))
+
+
+def continues_final(req: ChatCompletionRequest) -> bool:
+    """Whether the reply continues the final message: an assistant's partial reply ends the messages (as
+    llama-server; vLLM's ``continue_final_message``, which may also turn it off); ApiError 400 for two or more
+    trailing assistant messages (as llama-server)."""
+    roles = [m.role for m in req.messages]
+    if roles[-1] != "assistant" or req.messages[-1].tool_calls or req.continue_final_message is False:
+        return False
+    if len(roles) > 1 and roles[-2] == "assistant":
+        raise ApiError(400, "at most one assistant message may end the messages (it is continued)", param="messages")
+    return True
 
 
 def sampling_params(server: ServerState, req, ids: list[int]) -> list[SamplingParams]:

@@ -31,8 +31,10 @@ def add_middleware(app: FastAPI, config: ServerConfig, metrics: ServerMetrics) -
     if config.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
+        # as vLLM's: any request header (the openai JS SDK sends x-stainless-* ones), credentials allowed, so the
+        # caller's origin is echoed where "*" allows any
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["*"], allow_credentials=True)
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -376,6 +376,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None  # function tools (runtime/serve/tools.py)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: "auto" with tools
     parallel_tool_calls: bool | None = None  # None = true: one or more calls; false: exactly one
+    continue_final_message: bool | None = None  # vLLM's: a final assistant message is continued (None: yes)
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):

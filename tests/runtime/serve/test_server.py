@@ -507,6 +507,32 @@ def test_cors_and_host_checks(start_server):
     assert "access-control-allow-origin" not in other.headers
     assert httpx.get(srv.url + "/health", headers={"Host": "evil.example"}).status_code == 400
     assert httpx.get(srv.url + "/health").status_code == 200
+    anyone = start_server(batch=CoreConfig(max_batch=1, method="none"), allowed_origins=("*",))
+    for path in ("/v1/chat/completions", "/chat/completions", "/v1/models"):  # the openai JS SDK's preflight
+        pre = httpx.options(anyone.url + path, headers={"Origin": "https://app.example",
+                                                        "Access-Control-Request-Method": "POST",
+                                                        "Access-Control-Request-Headers": "authorization, x-stainless-os"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
+        assert pre.headers["access-control-allow-credentials"] == "true"
+        assert "x-stainless-os" in pre.headers["access-control-allow-headers"].lower()
+
+
+def test_a_final_assistant_message_is_continued(server, ref):
+    """As llama-server (vLLM: continue_final_message): the reply continues a trailing assistant message (the prompt
+    ends inside it, not with a new assistant turn); continue_final_message false turns it off; two trailing
+    assistant messages are a 400."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, headers=AUTH)
+    prefix = ChatTemplate(None).continue_final(messages)
+    assert prefix == "user: hi\nassistant: Hello, I"
+    assert r.json()["choices"][0]["message"]["content"] == ref.generate(prefix, max_new_tokens=4, method="none").text
+    r = httpx.post(server.url + "/v1/chat/completions", json={**body, "continue_final_message": False}, headers=AUTH)
+    assert r.json()["choices"][0]["message"]["content"] == ref.generate(chat_prompt(messages), max_new_tokens=4,
+                                                                        method="none").text
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH,
+                   json={**body, "messages": [*messages, {"role": "assistant", "content": "again"}]})
+    assert r.status_code == 400 and "at most one assistant message" in r.json()["error"]["message"]
 
 
 def test_echo_puts_the_prompt_before_the_completion(server, ref):
