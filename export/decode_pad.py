@@ -132,13 +132,12 @@ def check_decode(fused_path: Path, decode_path: Path, quantized: bool) -> dict:
     prompt, tokens = [t % vocab for t in PROMPT], [t % vocab for t in TOKENS]
     p = len(prompt)
     fused = FusedCall(OrtEngine(fused_path), room)
-    rows = 2 if one_row_differs(padded.engine) else 1
-    stepper = padded if rows == 1 else fused
-    stepper.run(prompt, 0)
-    steps = np.stack([stepper.run([t] * rows, p + i)["logits"][0, 0].copy() for i, t in enumerate(tokens)])
     padded.run(prompt, 0)
-    verify = padded.run(tokens, p)["logits"][0].copy()  # [5, V]
     fused.run(prompt, 0)
+    rows = 2 if one_row_differs(padded.engine) else 1
+    stepper = padded if rows == 1 else fused  # its steps write entries p.. only: the verify pass rewrites them
+    steps = np.stack([stepper.run([t] * rows, p + i)["logits"][0, 0].copy() for i, t in enumerate(tokens)])
+    verify = padded.run(tokens, p)["logits"][0].copy()  # [5, V]
     ref = fused.run(tokens, p)["logits"][0]
     logit = logit_metrics(verify, ref)
     report = {"steps_vs_verify": float(np.abs(steps - verify).max()), "decode_rows": rows, "rel": logit["rel"],

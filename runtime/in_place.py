@@ -49,8 +49,9 @@ run: AVX2, ARM, SPECRT_MATMUL=ort) may have a one-row path of their own, whose b
 call of several rows (MLAS on AVX2: a separate M = 1 kernel; rows of calls of 2 rows or more agree). Padding the
 attention does not reach them. Where ``engines.ort.one_row_differs`` finds such a kernel (a probe of this process's
 onnxruntime, at load), ``decode_rows`` is 2: every one-token call runs as two rows, the token and a dummy copy of it
-after it (causal-last: no real row sees it; its K/V land in the entry after, never valid), through the fused graph, so MatMulNBits and GroupQueryAttention both take their several-row paths and a decode step equals the
-verify pass's row bit for bit. It costs one row per decode step; the padded graph is then not opened. Calls of
+after it (causal-last: no real row sees it; its K/V land in the entry after, never valid), through the fused graph,
+so MatMulNBits and GroupQueryAttention both take their several-row paths and a decode step equals the verify
+pass's row bit for bit. It costs one row per decode step; the padded graph is then not opened. Calls of
 several rows (a batch's step) need nothing.
 
 Prompt chunks run through the prefill graph where the engine dir has one (``prefill_file``,
@@ -272,7 +273,8 @@ class InPlaceRunner(Runner):
         a.seqlens_k[0], a.total[()] = n + calls - 1, n + calls
         a.binding.input("attention_mask", chain_mask(n, calls, out=a.mask_buffer))
         a.binding.run()
-        outputs = {name: out[:, :q].copy() for name, out in a.outputs.items()}  # the next call rewrites the bound buffers
+        # copied: the next call rewrites the bound buffers (a dummy row's outputs are dropped)
+        outputs = {name: out[:, :q].copy() for name, out in a.outputs.items()}
         return Pass(np.array([slot]), outputs["logits"], outputs, np.array([n]))
 
     def _run(self, rows, slots, ids, lengths, positions, blocks) -> dict[str, np.ndarray]:

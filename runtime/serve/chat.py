@@ -54,7 +54,6 @@ class ChatTemplate:
         return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                                     **self.special)
 
-
     def continue_final(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The prompt text that continues the final message, an assistant's partial reply (llama-server's prefill,
         vLLM's ``continue_final_message``): the conversation rendered as it stands, cut right after that message's

@@ -68,9 +68,8 @@ class MetricsMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
-        path = path if path.startswith("/v1/") or "/v1" + path not in ENDPOINTS else "/v1" + path  # (paths without /v1)
-        endpoint = path if path in ENDPOINTS else "other"
+        path = scope["path"]  # a /v1 endpoint served without /v1 counts as that endpoint
+        endpoint = path if path in ENDPOINTS else "/v1" + path if "/v1" + path in ENDPOINTS else "other"
         t0, status = time.perf_counter(), [None]
 
         async def send_and_observe(message):

@@ -14,6 +14,7 @@ become is runtime/serve/structured.py's, tools.py's and inputs.py's.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -39,6 +40,7 @@ NEUTRAL = {"logit_bias": ({}, None), "echo": (False, None), "suffix": (None, "")
            "function_call": (None, "none"), "service_tier": (None, "auto", "default"), "store": (None, False),
            "metadata": (None, {}), "modalities": (None, ["text"]),
            "prediction": (None,), "reasoning_effort": (None,), "audio": (None,), "web_search_options": (None,)}
+
 
 class ApiRequest(BaseModel):
     """A request body's schema: ``ignored`` holds the unknown top-level fields ``parse_request`` dropped."""
@@ -418,10 +420,12 @@ class DetokenizeRequest(ApiRequest):
 EXTRA_NAMES = ("n_predict",)  # top-level names read by a schema's before-validator, besides NEUTRAL's and GUIDED's
 
 
-def known_fields(schema: type[BaseModel]) -> set:
+@functools.cache
+def known_fields(schema: type[BaseModel]) -> frozenset:
     """The top-level names ``schema`` reads: its fields (and their aliases) and those its validators take."""
     names = {f.alias or name for name, f in schema.model_fields.items()} | set(schema.model_fields)
-    return names | (set(NEUTRAL) | set(GUIDED) | set(EXTRA_NAMES) if issubclass(schema, SamplingFields) else set())
+    return frozenset(names | (set(NEUTRAL) | set(GUIDED) | set(EXTRA_NAMES) if issubclass(schema, SamplingFields)
+                              else set()))
 
 
 def parse_request(raw: bytes, schema: type[ApiRequest], strict: bool = True) -> ApiRequest:
@@ -436,7 +440,8 @@ def parse_request(raw: bytes, schema: type[ApiRequest], strict: bool = True) -> 
         raise ApiError(400, "request body nests too deeply", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    ignored = () if strict else tuple(k for k in data if k not in known_fields(schema))
+    known = known_fields(schema)
+    ignored = () if strict else tuple(k for k in data if k not in known)
     try:
         req = schema.model_validate({k: v for k, v in data.items() if k not in ignored})
     except ValidationError as e:

@@ -27,6 +27,7 @@ from .openai_api import ApiError, ChatCompletionRequest, CompletionRequest, Deto
 from .state import Server, ServerState
 
 router = APIRouter()
+IGNORED_HEADER = "X-Specrt-Ignored-Fields"  # the unknown request fields a response ignored
 
 
 # ---- generation ---------------------------------------------------------------------------------
@@ -69,8 +70,6 @@ async def complete(request: Request, server: ServerState, schema: type,
         response.headers[IGNORED_HEADER] = ", ".join(req.ignored)
     return response
 
-
-IGNORED_HEADER = "X-Specrt-Ignored-Fields"  # the unknown request fields a response ignored
 
 
 # ---- models, health, metrics, version -----------------------------------------------------------

@@ -102,7 +102,8 @@ def serve(engine_dir, host, port, max_batch, max_queue, method, gamma, prefix_ca
         raise click.UsageError(f"--api-key: {e}")
     names = [n.strip() for n in (model_name or "").split(",") if n.strip()] or [Path(engine_dir).resolve().name]
     spec = AppSpec(str(engine_dir), ServerConfig(
-        model_name=names[0], model_aliases=tuple(names[1:]), strict_api=strict_api, max_queue=max_queue, api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
+        model_name=names[0], model_aliases=tuple(names[1:]), strict_api=strict_api, max_queue=max_queue,
+        api_key=tuple(api_key) or None, max_body_bytes=max_body_bytes,
         max_prompt_tokens=max_prompt_tokens, allowed_origins=tuple(allowed_origins),
         allowed_hosts=tuple(allowed_hosts) or ("*",), body_timeout=body_timeout, grammar_timeout=grammar_timeout,
         batch=CoreConfig(max_batch=max_batch, method=method, gamma=gamma, prefix_cache=prefix_cache,
