@@ -109,6 +109,19 @@ def test_graphs_on_specrt_attention_are_exact(fused_engines, specrt_attention, q
     assert packed or method != "ngram"  # (a batch of draft chains packs too where a row's budget cuts its chain)
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_decode_steps_of_two_rows_are_exact(fused_engines, method, monkeypatch):
+    """Where ONNX Runtime's one-row matmul differs (AVX2, ARM: runtime/in_place.py "Decode rows"), a decode step runs
+    as two rows, the token and a dummy copy: forced here, the int4 target's sampled output is still its own
+    distribution (the reference's logits come through the same runner rule)."""
+    from specrt.runtime import in_place
+
+    monkeypatch.setattr(in_place, "one_row_differs", lambda engine: True)
+    rt = specrt.load(fused_engines["int4"], attention="ort")
+    assert rt.runner("target", 1)[0].decode_rows == 2
+    assert_exact(rt, method, batched=False)
+
+
 def assert_exact(rt, method: str, batched: bool) -> None:
     """Temperature 1, γ 2, after a prompt whose n-grams repeat: chi-square of the emitted tokens against the
     exact joint of the graph's own logits."""
