@@ -191,12 +191,11 @@ def write_twin(path: Path) -> str:
     file name."""
     import onnx
 
-    proto = onnx.load(str(path))  # external data (a model over 1 GiB) is read in
-    data = path.with_name(path.name + ".data")
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
-              size_threshold=1024)  # proto's tensors now point into the data file, which the twin shares
-    data.chmod(path.stat().st_mode & 0o777)  # onnx creates it owner-only; readable as the graph file is
+    from .tensor_store import TensorStore, externalize
+
+    proto = onnx.load(str(path), load_external_data=False)
+    externalize(proto, TensorStore(path.parent, path.with_name(path.name + ".data")))  # one tensor at a time
+    onnx.save(proto, str(path))  # proto's tensors now point into the data file, which the twin shares
     twin = path.with_name(twin_name(path.name))
     onnx.save(batched_twin(proto), str(twin))
     return twin.name
@@ -210,9 +209,10 @@ def check_twin(fused_path: Path, twin_path: Path, max_len: int, quantized: bool,
     from ..engines.ort import OrtEngine
     from .parity import logit_metrics, rel_diff  # (torch: an export's)
 
-    fused, twin = OrtEngine(fused_path), OrtEngine(twin_path)
+    fused = OrtEngine(fused_path)
     q = 4
     lengths = np.clip([5, 1, 8], 1, max_len - q)
+    max_len = min(max_len, int(lengths.max()) + q + 4)  # the cache buffers' length: what the rows use, and stale room
     tree = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)  # a root, 2 children, a grandchild
     blocks = [None, tree, np.tril(np.ones((2, 2), bool))]
     depths = [np.arange(q), np.array([0, 1, 1, 2]), np.arange(q)]
@@ -225,7 +225,8 @@ def check_twin(fused_path: Path, twin_path: Path, max_len: int, quantized: bool,
     ids = rng.integers(0, vocab, (len(lengths), q))
     ref = [_call(fused, [c[r : r + 1].copy() for c in cache], ids[r : r + 1], lengths[r : r + 1], blocks[r : r + 1],
                  depths[r : r + 1]) for r in range(len(lengths))]  # (logits [1, Q, V], planes) per row
-    logits, planes = _call(twin, cache, ids, lengths, blocks, depths)
+    del fused  # one session at a time: each holds the weights
+    logits, planes = _call(OrtEngine(twin_path), cache, ids, lengths, blocks, depths)
     want = np.concatenate([ref[r][0][0, :n] for r, n in enumerate(sizes)])  # [tokens, V] every row's real tokens
     got = np.concatenate([logits[r, :n] for r, n in enumerate(sizes)])
     logit = logit_metrics(got, want)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from ..contract import io_names
+from .lazy_model import resident
+from .tensor_store import TensorStore
 from .windows import layer_windows, window_masks
 
 FUSED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -65,24 +67,21 @@ def rotary_caches(model, max_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Graph:
-    """Nodes and fp32 initializers under construction."""
+    """Nodes and fp32 initializers under construction; each initializer goes to ``store`` as it is made
+    (export/tensor_store.py: into the proto, or straight to the graph's data file)."""
 
-    def __init__(self):
-        self.nodes, self.inits = [], []
+    def __init__(self, store: TensorStore | None = None):
+        self.nodes, self.inits, self.store = [], [], store or TensorStore()
 
     def weight(self, name: str, tensor) -> str:
-        from onnx import numpy_helper
-
         arr = tensor.detach().float().numpy() if isinstance(tensor, torch.Tensor) else tensor
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
+        self.inits.append(self.store.tensor(name, np.asarray(arr, dtype=np.float32)))
         return name
 
     def const(self, name: str, array: np.ndarray) -> str:
         """An initializer of ``array``'s own dtype (``weight`` stores float32), added once."""
-        from onnx import numpy_helper
-
         if all(i.name != name for i in self.inits):
-            self.inits.append(numpy_helper.from_array(array, name))
+            self.inits.append(self.store.tensor(name, array))
         return name
 
     def node(self, op: str, inputs: list, outputs: list, ms: bool = False, **attrs) -> str:
@@ -108,9 +107,12 @@ class _Graph:
         return self.linear(x, packed, name, name)
 
 
-def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers=None):
+def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers=None,
+                      store: TensorStore | None = None):
     """The fused graph of a Llama-family HF model as an ``onnx.ModelProto`` (see the module docstring);
-    ``aux_layers``: also output ``aux_hidden``, the residual stream entering those layers, concatenated."""
+    ``aux_layers``: also output ``aux_hidden``, the residual stream entering those layers, concatenated.
+    ``store``: where the weights go (default: into the proto); a lazily opened model
+    (export/lazy_model.py) is read one layer at a time."""
     from onnx import TensorProto, helper
 
     cfg = model.config
@@ -120,7 +122,7 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     eps = float(cfg.rms_norm_eps)
     windows = layer_windows(cfg, max_len) or [None] * n_layers  # None: full attention
-    g = _Graph()
+    g = _Graph(store)
     cos, sin = rotary_caches(model, max_len)
     g.weight("cos_cache", cos)
     g.weight("sin_cache", sin)
@@ -129,32 +131,9 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
     resid, branch = x, None  # the residual stream, and the branch still to be added to it
     layer_inputs = {0: x}  # layer i -> the graph value of the hidden state entering it
     for i, layer in enumerate(layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        ln1 = g.weight(f"l{i}.ln1", layer.input_layernorm.weight)
-        if branch is None:
-            normed = g.node("SimplifiedLayerNormalization", [resid, ln1], [f"l{i}.n1"], axis=-1, epsilon=eps,
-                            stash_type=1)
-        else:
-            normed = g.node("SkipSimplifiedLayerNormalization", [resid, branch, ln1], [f"l{i}.n1", "", "", f"l{i}.r1"],
-                            ms=True, epsilon=eps)
-            resid = layer_inputs[i] = f"l{i}.r1"
-        qkv = g.packed_linear(normed, [attn.q_proj, attn.k_proj, attn.v_proj], f"l{i}.qkv")
-        att = g.node("GroupQueryAttention",
-                     [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
-                      "cos_cache", "sin_cache", "position_ids", masks[windows[i]]],
-                     [f"l{i}.att", f"present_key.{i}", f"present_value.{i}"], ms=True, num_heads=heads,
-                     kv_num_heads=kv_heads, scale=float(head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
-                     local_window_size=-1)
-        o = g.linear(att, attn.o_proj, f"l{i}.o", f"l{i}.o")
-        normed = g.node("SkipSimplifiedLayerNormalization",
-                        [resid, o, g.weight(f"l{i}.ln2", layer.post_attention_layernorm.weight)],
-                        [f"l{i}.n2", "", "", f"l{i}.r2"], ms=True, epsilon=eps)
-        resid = f"l{i}.r2"
-        gate_up = g.packed_linear(normed, [mlp.gate_proj, mlp.up_proj], f"l{i}.gate_up")  # split in halves below
-        halves = g.const("gate_up/split", np.array([mlp.gate_proj.out_features] * 2, np.int64))
-        gate, up = g.node("Split", [gate_up, halves], [f"l{i}.gate", f"l{i}.up"], axis=-1), f"l{i}.up"
-        silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], [f"l{i}.sig"])], [f"l{i}.silu"])
-        branch = g.linear(g.node("Mul", [silu, up], [f"l{i}.act"]), mlp.down_proj, f"l{i}.down", f"l{i}.down")
+        with resident(layer):
+            resid, branch = _layer(g, i, layer, resid, branch, layer_inputs, heads, kv_heads, head_dim, eps,
+                                   masks[windows[i]])
     hidden = g.node("SkipSimplifiedLayerNormalization", [resid, branch, g.weight("norm", model.model.norm.weight)],
                     ["hidden" if with_hidden else "final", "", "", ""], ms=True, epsilon=eps)
     g.linear(hidden, model.get_output_embeddings(), "lm_head", "logits")
@@ -176,6 +155,48 @@ def build_fused_graph(model, max_len: int, with_hidden: bool = False, aux_layers
     proto.ir_version = 9
     return proto
 
+
+def _layer(g: _Graph, i: int, layer, resid: str, branch: str | None, layer_inputs: dict, heads: int, kv_heads: int,
+           head_dim: int, eps: float, mask: str) -> tuple[str, str]:
+    """Decoder layer ``i``'s nodes; returns (the residual stream, the branch still to be added to it)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    ln1 = g.weight(f"l{i}.ln1", layer.input_layernorm.weight)
+    if branch is None:
+        normed = g.node("SimplifiedLayerNormalization", [resid, ln1], [f"l{i}.n1"], axis=-1, epsilon=eps,
+                        stash_type=1)
+    else:
+        normed = g.node("SkipSimplifiedLayerNormalization", [resid, branch, ln1], [f"l{i}.n1", "", "", f"l{i}.r1"],
+                        ms=True, epsilon=eps)
+        resid = layer_inputs[i] = f"l{i}.r1"
+    qkv = g.packed_linear(normed, [attn.q_proj, attn.k_proj, attn.v_proj], f"l{i}.qkv")
+    att = g.node("GroupQueryAttention",
+                 [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
+                  "cos_cache", "sin_cache", "position_ids", mask],
+                 [f"l{i}.att", f"present_key.{i}", f"present_value.{i}"], ms=True, num_heads=heads,
+                 kv_num_heads=kv_heads, scale=float(head_dim ** -0.5), do_rotary=1, rotary_interleaved=0,
+                 local_window_size=-1)
+    o = g.linear(att, attn.o_proj, f"l{i}.o", f"l{i}.o")
+    normed = g.node("SkipSimplifiedLayerNormalization",
+                    [resid, o, g.weight(f"l{i}.ln2", layer.post_attention_layernorm.weight)],
+                    [f"l{i}.n2", "", "", f"l{i}.r2"], ms=True, epsilon=eps)
+    resid = f"l{i}.r2"
+    gate_up = g.packed_linear(normed, [mlp.gate_proj, mlp.up_proj], f"l{i}.gate_up")  # split in halves below
+    halves = g.const("gate_up/split", np.array([mlp.gate_proj.out_features] * 2, np.int64))
+    gate, up = g.node("Split", [gate_up, halves], [f"l{i}.gate", f"l{i}.up"], axis=-1), f"l{i}.up"
+    silu = g.node("Mul", [gate, g.node("Sigmoid", [gate], [f"l{i}.sig"])], [f"l{i}.silu"])
+    branch = g.linear(g.node("Mul", [silu, up], [f"l{i}.act"]), mlp.down_proj, f"l{i}.down", f"l{i}.down")
+    return resid, branch
+
+
+
+def linear_inputs(model, with_hidden: bool = False) -> dict:
+    """The fused graph's MatMul inputs by name -> the HF nn.Linear that reads the same activation: where
+    export/smooth.py's statistics are taken on the torch model (``calibration_activations``)."""
+    out = {"hidden" if with_hidden else "final": model.get_output_embeddings()}
+    for i, layer in enumerate(model.model.layers):
+        out.update({f"l{i}.n1": layer.self_attn.q_proj, f"l{i}.att": layer.self_attn.o_proj,
+                    f"l{i}.n2": layer.mlp.gate_proj, f"l{i}.act": layer.mlp.down_proj})
+    return out
 
 def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = np.nan) -> list[np.ndarray]:
     """Run the fused graph on a traced-graph parity case (the traced graph's inputs, batch 1).

@@ -37,6 +37,7 @@ from .medusa_export import check_medusa, export_medusa, medusa_target_config
 from .windows import layer_windows
 from . import parity
 EXTERNAL_DATA_BYTES = 1 << 30  # models above 1 GiB store weights as external data (protobuf limit is 2 GiB)
+LOW_MEMORY_BYTES = 1 << 30  # --low-memory auto: checkpoints above 1 GiB in fp32 are read a layer at a time
 
 
 @dataclass
@@ -59,6 +60,8 @@ class ExportConfig:
     parity_bounds: str | None = None  # override export/parity.py's BOUNDS: "off" | "kl_mean=..,top1=..,..." (recorded)
     prefill_graph: bool = True  # a MatMulNBits (int4/int8) target also gets a prefill graph on the integer kernel
     # (export/prefill_graph.py: ~3x faster prompts, its own int8 copy of the layers' weights)
+    low_memory: str = "auto"  # "on": read the checkpoint a layer at a time (export/lazy_model.py) and write the graph
+    # a tensor at a time; "off": load it whole; "auto": "on" for checkpoints over LOW_MEMORY_BYTES in fp32
 
 
 
@@ -125,25 +128,37 @@ def choose_kv_layout(model, cfg: ExportConfig) -> str:
 
 def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     """Export one model to ``path`` (fused or traced, then quantized if asked); returns its manifest entry."""
-    from .fused_graph import build_fused_graph, run_in_place
+    from .fused_graph import build_fused_graph, linear_inputs, run_in_place
+
+    from .lazy_model import is_lazy
+    from .smooth import torch_activation_max
+    from .tensor_store import TensorStore
 
     geo = geometry(model)
     wrapper = DecoderWrapper(model, with_hidden=cfg.with_hidden, aux_layers=cfg.aux_layers)
     windows = layer_windows(model.config, cfg.max_len)
     layout = choose_kv_layout(model, cfg)
-    cases = parity_cases(wrapper, geo, cfg)  # the references, before tracing
+    lazy = is_lazy(model)
+    # the references, before tracing (a lazily read, quantized model: the calibration text only, all it is judged on)
+    cases = {} if lazy and cfg.quantize else parity_cases(wrapper, geo, cfg)
     calibration = parity.calibration_case(model, geo.vocab_size, cfg.max_len)  # windows apply in the graph
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    big = n_bytes > EXTERNAL_DATA_BYTES
+    big = lazy or n_bytes > EXTERNAL_DATA_BYTES
     t0 = time.time()
     if layout == "in_place":
         import onnx
 
-        proto = build_fused_graph(model, cfg.max_len, cfg.with_hidden, cfg.aux_layers)
-        onnx.save(proto, str(path), save_as_external_data=big, location=path.name + ".data")
+        data = path.with_name(path.name + ".data")
+        proto = build_fused_graph(model, cfg.max_len, cfg.with_hidden, cfg.aux_layers,
+                                  TensorStore(path.parent, data) if big else None)
+        onnx.save(proto, str(path))
+        del proto
     else:
         trace_graph(wrapper, geo, path, cfg, big)
     seconds = time.time() - t0
+    inputs = linear_inputs(model, cfg.with_hidden) if layout == "in_place" else {}
+    activation_max = lambda names: torch_activation_max(  # noqa: E731  (export/smooth.py's statistics)
+        model, {n: inputs[n] for n in names if n in inputs}, calibration[0])
 
     def run(engine):
         if layout == "in_place":
@@ -155,20 +170,23 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
         return parity.check(run(OrtEngine(path)), cases, calibration, geo, cfg.dtype, cfg.prefill_chunk, scheme,
                             cfg.parity_bounds)
 
-    report, absolute = check(cfg.dtype)
+    # the unquantized graph (not run when lazily read and quantized: an ONNX Runtime session of it is the whole
+    # model in fp32, what a low-memory export must not hold)
+    report, absolute = check(cfg.dtype) if not (lazy and cfg.quantize) else (None, None)
     entry = {}
     if cfg.quantize:
         from .quantize import QuantizeError, parity_scheme, quantize_graph
 
         try:
             entry["quantization"] = quantize_graph(path, cfg.quantize, external_data=big,
-                                                   calibration_ids=calibration[0])  # smoothing statistics
+                                                   calibration_ids=calibration[0], activation_max=activation_max)
         except QuantizeError as e:
             raise ExportError(str(e)) from None
         # against the unquantized torch model: the quantized model is a (slightly) different one
         unquantized = report
         report, absolute = check(parity_scheme(cfg.quantize))
-        report["unquantized"] = {k: unquantized[k] for k in ("scheme", "cases", "bounds")}
+        if unquantized is not None:
+            report["unquantized"] = {k: unquantized[k] for k in ("scheme", "cases", "bounds")}
     if layout == "in_place":  # the graph of batched calls (Q > 1 at batch > 1), sharing the weights file
         from .batched_graph import check_twin, write_twin
 
@@ -181,7 +199,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     in_specs, out_specs = io_specs(geo, layout, cfg.dtype, cfg.with_hidden, cfg.aux_layers)
     return {"file": path.name, **asdict(geo), "dtype": cfg.dtype, "has_hidden": cfg.with_hidden,
             **({"aux_hidden_layers": list(cfg.aux_layers)} if cfg.aux_layers else {}),
-            "kv_layout": layout, "quantize": cfg.quantize, **entry,
+            "kv_layout": layout, "quantize": cfg.quantize, **entry, **({"low_memory": True} if lazy else {}),
             **({"windows": windows} if windows else {}),
             "parameters": sum(p.numel() for p in model.parameters()), "inputs": in_specs, "outputs": out_specs,
             "export_seconds": round(seconds, 1), "parity": report, "parity_max_abs_diff": absolute}
@@ -290,6 +308,8 @@ def check_config(cfg: ExportConfig) -> None:
                           f"dtype={cfg.dtype!r} (fp32|fp16)")
     if cfg.graph not in ("auto", "fused", "traced"):
         raise ExportError(f"invalid export config: graph={cfg.graph!r} (auto|fused|traced)")
+    if cfg.low_memory not in ("auto", "on", "off"):
+        raise ExportError(f"invalid export config: low_memory={cfg.low_memory!r} (auto|on|off)")
     from .quantize import QuantizeError, parse_options
 
     for name, q in (("quantize", cfg.quantize), ("draft_quantize", cfg.draft_quantize)):
@@ -389,7 +409,7 @@ def _export_into(out: Path, target_dir: Path, tok_src: Path, draft_dir, cfg: Exp
 def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Heads, target_vocab: str,
                  log) -> tuple[dict, list[int]]:
     """Load one checkpoint and export it as ``<role>.onnx``: (its manifest entry ``models.<role>``, its eos ids)."""
-    model = load_hf(src, cfg.dtype)
+    model = open_model(src, cfg, log)
     vocab = target_vocab
     if role == "draft":  # (its vocabulary was checked against the target's before any export)
         vocab = vocab_sha256(src / "tokenizer.json")
@@ -416,6 +436,32 @@ def export_model(role: str, src: Path, out: Path, cfg: ExportConfig, heads: _Hea
     checkpoint = source_of(src)  # a converted GGUF file: what it was
     return {**entry, "shapes": shapes, "vocab_sha256": vocab, "source": str(src.resolve()),
             **({"checkpoint": checkpoint} if checkpoint else {})}, eos_ids(src, model)
+
+
+def open_model(src: Path, cfg: ExportConfig, log):
+    """The torch model of checkpoint ``src``: read a layer at a time (export/lazy_model.py) where
+    ``cfg.low_memory`` asks for it and the model gets the fused graph, else loaded whole."""
+    from .fused_graph import FUSED_ARCHITECTURES, fused_unsupported
+    from .lazy_model import checkpoint_bytes, lazy_unavailable, open_lazy
+
+    if cfg.low_memory == "off" or (cfg.low_memory == "auto" and checkpoint_bytes(src) <= LOW_MEMORY_BYTES):
+        return load_hf(src, cfg.dtype)
+    archs = json.loads((src / "config.json").read_text()).get("architectures") or ["?"]
+    why = (lazy_unavailable(src) or ("--torch-weights saves the whole model" if cfg.torch_weights else None)
+           or ("--graph traced traces the whole model" if cfg.graph == "traced" else None)
+           or (None if set(archs) & set(FUSED_ARCHITECTURES) else
+               f"{archs[0]} has no fused graph (fused: {', '.join(FUSED_ARCHITECTURES)})"))
+    model = open_lazy(src) if why is None else None
+    if why is None:
+        why = ("its tensors do not map one to one onto the model's parameters" if model is None
+               else fused_unsupported(model, cfg.dtype, cfg.max_len))
+    if why is None:
+        log(f"reading {src.name} a layer at a time (low-memory export)")
+        return model
+    if cfg.low_memory == "on":
+        raise ExportError(f"--low-memory on: {src} cannot be read a layer at a time: {why}")
+    log(f"loading {src.name} whole ({why})")
+    return load_hf(src, cfg.dtype)
 
 
 def write_decode(path: Path, quantized: bool) -> dict:

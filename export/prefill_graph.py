@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ExportError
+from .tensor_store import TensorStore, compact
 
 MAX_KL = 0.2  # check_prefill: a prefill graph further from its decode graph than this is a wrong rewrite (the
 # int4 model is 0.19-0.24 from fp32 on real text; requantizing it to the integer kernel: 0.03-0.04)
@@ -73,16 +74,17 @@ def dequantize_nbits(packed: np.ndarray, scales: np.ndarray, zero_points: np.nda
     return np.ascontiguousarray(w.reshape(n, -1)[:, :k].T)
 
 
-def integer_prefill(proto, base_dir: Path) -> int:
-    """Rewrite ``proto`` (loaded without its external data, which lives under ``base_dir``) in place: every
-    MatMulNBits becomes a MatMul by its dequantized weight, then the integer kernel; returns how many."""
-    from onnx import helper, numpy_helper
+def integer_prefill(proto, store) -> int:
+    """Rewrite ``proto`` (loaded without its external data) in place: every MatMulNBits becomes a MatMul by its
+    dequantized weight, then the integer kernel; returns how many. ``store`` (export/tensor_store.py) reads
+    the graph's weights and takes the new ones, one tensor at a time."""
+    from onnx import helper
 
     from .quantize_integer import integer_matmuls
 
     g = proto.graph
     inits = {i.name: i for i in g.initializer}
-    read = lambda name: numpy_helper.to_array(inits[name], base_dir=str(base_dir))  # noqa: E731
+    read = lambda name: store.array(inits[name])  # noqa: E731
     nodes, dense, unused = [], set(), set()
     for node in g.node:
         if node.op_type != "MatMulNBits":
@@ -95,7 +97,7 @@ def integer_prefill(proto, base_dir: Path) -> int:
         w = dequantize_nbits(read(ins[1]), read(ins[2]), read(ins[3]) if ins[3] else None,
                              a["K"], a["N"], a["bits"], a["block_size"])
         name = f"{ins[1]}/dequantized"
-        g.initializer.append(numpy_helper.from_array(w, name))
+        g.initializer.append(store.tensor(name, w))
         nodes.append(helper.make_node("MatMul", [ins[0], name], list(node.output), name=node.name))
         dense.add(name)
         unused.update(x for x in ins[1:4] if x)
@@ -104,7 +106,7 @@ def integer_prefill(proto, base_dir: Path) -> int:
     still = {x for n in g.node for x in n.input}
     for init in [i for i in g.initializer if i.name in unused - still]:
         g.initializer.remove(init)
-    return integer_matmuls(proto, include=lambda node: node.input[1] in dense) if dense else 0
+    return integer_matmuls(proto, lambda node: node.input[1] in dense, store) if dense else 0
 
 
 def last_position_logits(proto) -> None:
@@ -151,14 +153,14 @@ def write_prefill_graph(decode_path: Path) -> str | None:
     proto = onnx.load(str(decode_path), load_external_data=False)  # initializers stay references into <name>.data
     if not any(n.op_type == "MatMulNBits" for n in proto.graph.node):
         return None
-    integer_prefill(proto, decode_path.parent)
-    last_position_logits(proto)
     out = decode_path.with_name(prefill_name(decode_path.name))
     data = out.with_name(out.name + ".data")
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    onnx.save(proto, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
-              size_threshold=1024)  # only the new tensors: the others already point into the decode graph's file
-    data.chmod(decode_path.stat().st_mode & 0o777)
+    data.unlink(missing_ok=True)
+    store = TensorStore(decode_path.parent, data)  # the new tensors only: the others point into the decode graph's file
+    integer_prefill(proto, store)
+    last_position_logits(proto)
+    compact(proto, store)  # drops the dequantized fp32 weights the integer rewrite replaced
+    onnx.save(proto, str(out))
     return out.name
 
 

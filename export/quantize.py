@@ -28,6 +28,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 BLOCK_SIZE = 32  # weights per scale, along the MatMul's input dimension
 ACCURACY_LEVEL = 4  # MatMulNBits computes with int8 activations (the fast CPU path)
 GROUPS = ("attention", "mlp", "lm_head")
@@ -133,32 +135,40 @@ def matmul_group(node) -> str:
 
 
 def quantize_graph(path: Path, scheme: str | QuantOptions, external_data: bool = False,
-                   calibration_ids=None) -> dict:
+                   calibration_ids=None, activation_max=None) -> dict:
     """Quantize the graph at ``path`` in place; returns {"scheme", "bits", "block_size", "matmuls", "options",
-    "smoothed"}. ``calibration_ids``: token ids the smoothing statistics are taken on (none: no smoothing)."""
+    "smoothed"}. ``calibration_ids``: token ids the smoothing statistics are taken on (none: no smoothing);
+    ``activation_max(names)``: those statistics, measured elsewhere (export/smooth.py). With ``external_data`` the
+    weights are read from and written to ``<name>.data`` one tensor at a time (export/tensor_store.py)."""
     import onnx
+
+    from .tensor_store import TensorStore, compact
 
     opts = (parse_options(scheme) if isinstance(scheme, str) else scheme.check())
     stats = {}
-    proto = quantize_proto(onnx.load(str(path)), opts, calibration_ids, stats)
+    data = path.with_name(path.name + ".data")
+    store = TensorStore(path.parent, data if external_data else None)
+    proto = onnx.load(str(path), load_external_data=False)
+    proto = quantize_proto(proto, opts, calibration_ids, stats, store, activation_max)
     count = sum(n.op_type in ("MatMulNBits", "MatMulIntegerToFloat") for n in proto.graph.node)
     if count == 0:
         raise QuantizeError(f"{path.name}: no MatMul with a constant weight to quantize")
     if external_data:
-        data = path.with_name(path.name + ".data")
-        data.unlink(missing_ok=True)  # onnx refuses to write over it
-        onnx.save(proto, str(path), save_as_external_data=True, location=data.name)
-    else:
-        onnx.save(proto, str(path))
+        compact(proto, store)
+    onnx.save(proto, str(path))
     bits = sorted({g.bits for g in (opts.attention, opts.mlp) if g.bits})
     return {"scheme": scheme.split(",")[0] if isinstance(scheme, str) else "custom", "bits": bits[0] if bits else None,
             "block_size": opts.block_size, "matmuls": count, "options": asdict(opts), **stats}
 
 
-def quantize_proto(proto, opts: QuantOptions, calibration_ids=None, stats: dict | None = None):
-    """``proto`` with its MatMuls quantized as ``opts`` says (may be the same object, changed). The integer
-    kernel needs a fused graph: elsewhere its groups get 8-bit MatMulNBits. ``stats`` (a dict) receives
-    {"smoothed": inputs smoothed, "kernels": group -> kernel used}."""
+def quantize_proto(proto, opts: QuantOptions, calibration_ids=None, stats: dict | None = None,
+                   store=None, activation_max=None):
+    """``proto`` with its MatMuls quantized as ``opts`` says (changed in place). The integer kernel needs a
+    fused graph: elsewhere its groups get 8-bit MatMulNBits. ``stats`` (a dict) receives {"smoothed": inputs
+    smoothed, "kernels": group -> kernel used}; ``store`` reads and writes the weights (default: in the proto)."""
+    from .tensor_store import TensorStore
+
+    store = store or TensorStore()
     fused = any(n.op_type == "GroupQueryAttention" for n in proto.graph.node)
     plan = {g: getattr(opts, g) if fused else replace(getattr(opts, g), kernel="nbits") for g in GROUPS}
     integer = lambda n: bool(plan[matmul_group(n)].bits) and plan[matmul_group(n)].kernel == "integer"  # noqa: E731
@@ -166,41 +176,67 @@ def quantize_proto(proto, opts: QuantOptions, calibration_ids=None, stats: dict 
     if any(q.bits and q.kernel == "integer" for q in plan.values()):
         from .quantize_integer import integer_matmuls
 
-        if opts.smooth is not None and calibration_ids is not None:
+        if opts.smooth is not None and (calibration_ids is not None or activation_max is not None):
             from .fused_call import graph_max_len
             from .smooth import smooth_inputs
 
-            smoothed = smooth_inputs(proto, integer, calibration_ids, graph_max_len(proto), opts.smooth)
-        integer_matmuls(proto, integer)
+            smoothed = smooth_inputs(proto, integer, calibration_ids, graph_max_len(proto), opts.smooth, store,
+                                     activation_max)
+        integer_matmuls(proto, integer, store)
     if stats is not None:
         stats.update(smoothed=smoothed, kernels={g: q.kernel if q.bits else "fp32" for g, q in plan.items()})
-    for bits in (4, 8):
-        names = [n.name for n in proto.graph.node if n.op_type == "MatMul"
-                 and plan[matmul_group(n)].bits == bits and plan[matmul_group(n)].kernel == "nbits"]
-        if names:
-            proto = nbits_pass(proto, opts, bits, names)
-    for n in proto.graph.node:  # accuracy level per group: an attribute of each MatMulNBits node
-        for a in n.attribute if n.op_type == "MatMulNBits" else ():
-            if a.name == "accuracy_level":
-                a.i = plan[matmul_group(n)].accuracy_level
+    nbits = lambda n: bool(plan[matmul_group(n)].bits) and plan[matmul_group(n)].kernel == "nbits"  # noqa: E731
+    nbits_matmuls(proto, opts, lambda n: plan[matmul_group(n)], nbits, store)
     return proto
 
 
-def nbits_pass(proto, opts: QuantOptions, bits: int, names: list):
-    """MatMulNBits on the MatMuls named ``names`` (ORT's quantizer; it keeps the node names, adding _Q<bits>)."""
-    import logging
+def nbits_matmuls(proto, opts: QuantOptions, group_of, include, store) -> int:
+    """Replace, in ``proto``, each MatMul by a constant fp32 weight W [K, N] with ``include(node)`` by
+    ``MatMulNBits`` (com.microsoft) of its group's bits and accuracy level, one weight at a time: the node
+    and tensors ONNX Runtime's MatMulNBitsQuantizer makes (``<W>_Q<bits>`` packed [N, blocks, bytes],
+    ``<W>_scales`` [N, blocks], ``<W>_zero_points`` when asymmetric; node ``<name>_Q<bits>``), quantized by
+    the same C++ routines. Returns how many."""
+    from onnx import TensorProto, helper
 
     try:
-        from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                      MatMulNBitsQuantizer)
-    except ImportError as e:  # onnxruntime's quantizer imports onnx_ir
-        raise QuantizeError(f"quantization needs onnxruntime's quantizer and onnx_ir ({e}); "
-                            "pip install 'specrt[export]'") from None
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
-    config = DefaultWeightOnlyQuantConfig(block_size=opts.block_size, is_symmetric=opts.symmetric,
-                                          accuracy_level=ACCURACY_LEVEL, bits=bits)
-    others = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in set(names)]
-    quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=opts.block_size, is_symmetric=opts.symmetric,
-                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=others, algo_config=config)
-    quantizer.process()
-    return quantizer.model.model
+        from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+    except ImportError as e:
+        raise QuantizeError(f"quantization needs onnxruntime's quantization routines ({e})") from None
+    g = proto.graph
+    inits = {i.name: i for i in g.initializer}
+    nodes, used, count = [], set(), 0
+    for node in g.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or not include(node):
+            nodes.append(node)
+            continue
+        bits, block = group_of(node).bits, opts.block_size
+        k, n = (int(d) for d in w.dims)
+        blocks = -(-k // block)
+        weight = store.array(w).astype(np.float32)
+        if blocks * block > k:
+            weight = np.pad(weight, ((0, blocks * block - k), (0, 0)))
+        packed = np.zeros((n, blocks, block * bits // 8), np.uint8)
+        zero = np.zeros((n, -(-blocks // (8 // bits))), np.uint8)
+        scales = np.zeros((n, blocks), np.float32)
+        (quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits)(
+            packed, np.ascontiguousarray(weight), scales, zero, block, n, k, opts.symmetric)
+        del weight
+        ins = [node.input[0], f"{w.name}_Q{bits}", f"{w.name}_scales"]
+        g.initializer.extend([store.tensor(ins[1], packed), store.tensor(ins[2], scales)])
+        if not opts.symmetric:
+            ins.append(f"{w.name}_zero_points")
+            g.initializer.append(store.tensor(ins[3], zero))
+        nodes.append(helper.make_node("MatMulNBits", ins, list(node.output), name=f"{node.name}_Q{bits}" if node.name
+                                      else "", domain="com.microsoft", K=k, N=n, bits=bits, block_size=block,
+                                      accuracy_level=group_of(node).accuracy_level))
+        used.add(w.name)
+        count += 1
+    del g.node[:]
+    g.node.extend(nodes)
+    still = {x for nd in g.node for x in nd.input}
+    for init in [i for i in g.initializer if i.name in used - still]:
+        g.initializer.remove(init)
+    if count and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return count

@@ -80,11 +80,15 @@ class _Rewrite:
         return self.quantized[x]
 
 
-def integer_matmuls(proto, include) -> int:
+def integer_matmuls(proto, include, store=None) -> int:
     """Rewrite, in the fused graph ``proto`` (an ``onnx.ModelProto``), every ``MatMul`` with a constant fp32
-    weight for which ``include(node)`` is true as above; returns the number rewritten."""
+    weight for which ``include(node)`` is true as above; returns the number rewritten. ``store``: where the
+    weights are read and written, one at a time (export/tensor_store.py; default: in the proto)."""
     from onnx import TensorProto, helper, numpy_helper
 
+    from .tensor_store import TensorStore
+
+    store = store or TensorStore()
     g = proto.graph
     if not any(n.op_type == "GroupQueryAttention" for n in g.node):
         raise IntegerKernelError("the integer kernel rewrites fused graphs only (kv_layout in_place; "
@@ -99,10 +103,9 @@ def integer_matmuls(proto, include) -> int:
         if w is None or w.data_type != TensorProto.FLOAT or len(w.dims) != 2 or not include(node):
             rw.nodes.append(node)
             continue
-        wq, ws = quantize_weight(numpy_helper.to_array(w))
+        wq, ws = quantize_weight(store.array(w))
         g.initializer.remove(w)
-        g.initializer.extend([numpy_helper.from_array(wq, w.name + "/iq.w"),
-                              numpy_helper.from_array(ws, w.name + "/iq.ws")])
+        g.initializer.extend([store.tensor(w.name + "/iq.w", wq), store.tensor(w.name + "/iq.ws", ws)])
         xq, s = rw.quantize(node.input[0], int(w.dims[0]))
         base = node.name or node.output[0]
         y = rw.op("MatMulIntegerToFloat", [xq, w.name + "/iq.w", "iq/one", w.name + "/iq.ws", "iq/zp"],

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .tensor_store import TensorStore
+
 ALPHA = 0.5  # migration strength: 0.3 / 0.5 / 0.7 give KL 0.024 / 0.010 / 0.012 on SmolLM2-135M
 LIMIT = 1e4  # factors are clipped to [1 / LIMIT, LIMIT]
 
@@ -35,10 +37,10 @@ LIMIT = 1e4  # factors are clipped to [1 / LIMIT, LIMIT]
 class _Graph:
     """Name lookups over a ModelProto."""
 
-    def __init__(self, proto):
+    def __init__(self, proto, store: TensorStore):
         from onnx import numpy_helper
 
-        self.proto, self.np = proto, numpy_helper
+        self.proto, self.np, self.store = proto, numpy_helper, store
         self.inits = {i.name: i for i in proto.graph.initializer}
         self.producer = {o: n for n in proto.graph.node for o in n.output}
         self.consumers = {}
@@ -48,16 +50,20 @@ class _Graph:
         self.outputs = {o.name for o in proto.graph.output}
 
     def array(self, name: str) -> np.ndarray:
-        return self.np.to_array(self.inits[name]).astype(np.float32)
+        return self.store.array(self.inits[name]).astype(np.float32)
 
     def set(self, name: str, a: np.ndarray) -> None:
-        self.inits[name].CopyFrom(self.np.from_array(a.astype(np.float32), name))
+        self.inits[name].CopyFrom(self.store.tensor(name, a.astype(np.float32)))
 
 
-def smooth_inputs(proto, include, calibration_ids, max_len: int, alpha: float = ALPHA) -> int:
+def smooth_inputs(proto, include, calibration_ids, max_len: int, alpha: float = ALPHA,
+                  store: TensorStore | None = None, activation_max=None) -> int:
     """Smooth, in ``proto``, the inputs of the MatMuls (constant fp32 weight, ``include(node)``) whose producer
-    can absorb the factors; returns how many inputs were smoothed."""
-    g = _Graph(proto)
+    can absorb the factors; returns how many inputs were smoothed. ``activation_max(names)``: max |x| per
+    channel by input name, measured elsewhere (the export's: ``torch_activation_max``; a name it lacks is not
+    smoothed); without it, measured here by running ``proto`` on ``calibration_ids`` in ONNX Runtime.
+    ``store``: where the weights are read and written (export/tensor_store.py)."""
+    g = _Graph(proto, store or TensorStore())
     groups = {}  # input -> the MatMuls reading it
     for n in proto.graph.node:
         if n.op_type == "MatMul" and n.input[1] in g.inits and include(n):
@@ -66,7 +72,9 @@ def smooth_inputs(proto, include, calibration_ids, max_len: int, alpha: float = 
     if not plans:
         return 0
     widths = {x: int(g.inits[users[0].input[1]].dims[0]) for x, users in groups.items() if x in plans}
-    stats = _activation_max(proto, list(plans), widths, calibration_ids, max_len)
+    stats = (activation_max(list(plans)) if activation_max else
+             _activation_max(proto, list(plans), widths, calibration_ids, max_len))
+    plans = {x: fold for x, fold in plans.items() if x in stats}
     for x, fold in plans.items():
         rows = np.concatenate([g.array(m.input[1]) for m in groups[x]], axis=1)  # [K, sum N]
         s = np.clip(np.maximum(stats[x], 1e-5) ** alpha / np.maximum(np.abs(rows).max(1), 1e-5) ** (1 - alpha),
@@ -189,3 +197,25 @@ def _activation_max(proto, names: list, widths: dict, ids, max_len: int) -> dict
         call.widths.update(widths)
         out = call.run(np.asarray(ids, np.int64)[:max_len], past=0, outputs=names)
         return {n: np.abs(out[n][0]).max(axis=0) for n in names}
+
+
+def torch_activation_max(model, modules: dict, ids) -> dict:
+    """name -> max |x| per channel [K] of the input of each nn.Linear in ``modules`` (name -> module), over
+    one forward of ``ids`` through the torch ``model`` (a lazily opened one reads each layer once)."""
+    import torch
+
+    stats = {}
+
+    def hook(name):
+        def record(module, args):
+            stats[name] = args[0].detach().abs().float().reshape(-1, args[0].shape[-1]).amax(0).numpy()
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([list(ids)]))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats

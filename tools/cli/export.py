@@ -32,6 +32,10 @@ import click
 @click.option("--prefill-graph/--no-prefill-graph", default=True, show_default=True,
               help="int4/int8 (MatMulNBits) targets: also write a prefill graph on the integer kernel (prompts ~3x "
                    "faster on CPU; the layers' weights once more in int8: docs/export.md).")
+@click.option("--low-memory", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Read the checkpoint a layer at a time and write the graphs a tensor at a time (safetensors "
+                   "checkpoints of fused-graph families; the same engine, in a fraction of the memory: "
+                   "docs/export.md). auto: for checkpoints over 1 GiB in fp32.")
 @click.option("--medusa", "medusa_dir", type=click.Path(exists=True, file_okay=False),
               help="Medusa heads dir (`specrt train medusa`): exported as medusa.onnx; the target also outputs hidden.")
 @click.option("--tree", default="medusa-32", show_default=True,
@@ -57,7 +61,7 @@ import click
               help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
 def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, quantize, draft_quantize, prefill_chunk,
            prefill_graph, medusa_dir, tree, torch_weights, trt, trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5,
-           eagle_topk=8, parity_bounds=None):
+           eagle_topk=8, parity_bounds=None, low_memory="auto"):
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json.
 
     The engine dir appears at --out only when every graph passed its parity check."""
@@ -84,7 +88,7 @@ def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, qua
     cfg = ExportConfig(gamma=gamma, max_len=max_len, dtype=dtype, prefill_chunk=prefill_chunk,
                        torch_weights=torch_weights, graph="traced" if trt else graph,
                        quantize=none.get(quantize, quantize), draft_quantize=none.get(draft_quantize, draft_quantize),
-                       parity_bounds=parity_bounds, prefill_graph=prefill_graph)
+                       parity_bounds=parity_bounds, prefill_graph=prefill_graph, low_memory=low_memory)
     if parity_bounds is not None:
         from ...export.parity import parse_override
 
