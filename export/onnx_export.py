@@ -446,7 +446,7 @@ def open_model(src: Path, cfg: ExportConfig, log):
 
     if cfg.low_memory == "off" or (cfg.low_memory == "auto" and checkpoint_bytes(src) <= LOW_MEMORY_BYTES):
         return load_hf(src, cfg.dtype)
-    archs = json.loads((src / "config.json").read_text()).get("architectures") or ["?"]
+    archs = json.loads((src / "config.json").read_text()).get("architectures") or list(FUSED_ARCHITECTURES)
     why = (lazy_unavailable(src) or ("--torch-weights saves the whole model" if cfg.torch_weights else None)
            or ("--graph traced traces the whole model" if cfg.graph == "traced" else None)
            or (None if set(archs) & set(FUSED_ARCHITECTURES) else
