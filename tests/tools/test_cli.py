@@ -17,9 +17,10 @@ def test_export_then_generate(runner, tmp_path):
     t = make_model(tmp_path / "t", scale=20.0)
     d = make_model(tmp_path / "d", seed=1, hidden=16, layers=1, scale=20.0)
     res = runner.invoke(cli, ["export", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "e"),
-                              "--gamma", "3", "--max-len", "64"])
+                              "--gamma", "3", "--max-len", "64", "--no-measure-default"])
     assert res.exit_code == 0, res.output
     assert "parity vs torch" in res.output and (tmp_path / "e" / "manifest.json").is_file()
+    assert "measured" not in json.loads((tmp_path / "e" / "manifest.json").read_text())["defaults"]
     res = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "hello", "--max-new-tokens", "8",
                               "--json"])
     assert res.exit_code == 0, res.output
@@ -45,6 +46,23 @@ def test_generate_bad_arguments(runner, llama_engine, args, message):
 def test_generate_bad_engine_dir(runner, tmp_path):
     res = runner.invoke(cli, ["generate", str(tmp_path), "--prompt", "hi"])
     assert res.exit_code != 0 and "no manifest.json" in res.output and "Traceback" not in res.output
+
+
+def test_export_makes_the_fastest_method_measured_here_the_default(runner, tmp_path):
+    """Every method the engine dir has, plain decoding included, is timed; the fastest is the default, and the
+    figures are kept (tools/profile/default_method.py)."""
+    t = make_model(tmp_path / "t", scale=20.0)
+    d = make_model(tmp_path / "d", seed=1, hidden=16, layers=1, scale=20.0)
+    res = runner.invoke(cli, ["export", "--target", str(t), "--draft", str(d), "--out", str(tmp_path / "e"),
+                              "--gamma", "3", "--max-len", "128"])
+    assert res.exit_code == 0, res.output
+    defaults = json.loads((tmp_path / "e" / "manifest.json").read_text())["defaults"]
+    speedup = defaults["measured"]["speedup"]
+    assert list(speedup) == ["none", "ngram", "suffix", "draft"] and speedup["none"] == 1.0
+    assert speedup[defaults["method"]] == max(speedup.values())
+    assert f"-> {defaults['method']}" in res.output and "default method, measured here" in res.output
+    res = runner.invoke(cli, ["generate", str(tmp_path / "e"), "--prompt", "hello", "--max-new-tokens", "4", "--json"])
+    assert json.loads(res.output)["stats"]["method"] == defaults["method"]
 
 
 def test_export_unsupported_architecture(runner, tmp_path):

@@ -36,6 +36,9 @@ import click
               help="Read the checkpoint a layer at a time and write the graphs a tensor at a time (safetensors "
                    "checkpoints of fused-graph families; the same engine, in a fraction of the memory: "
                    "docs/export.md). auto: for checkpoints over 1 GiB in fp32.")
+@click.option("--measure-default/--no-measure-default", default=True, show_default=True,
+              help="Time every method the engine dir has on a few prompts here and make the fastest (plain "
+                   "decoding included) the manifest's default method (docs/export.md).")
 @click.option("--medusa", "medusa_dir", type=click.Path(exists=True, file_okay=False),
               help="Medusa heads dir (`specrt train medusa`): exported as medusa.onnx; the target also outputs hidden.")
 @click.option("--tree", default="medusa-32", show_default=True,
@@ -61,7 +64,7 @@ import click
               help="TensorRT plan precision (TensorRT 11: must equal --dtype, strong typing only).")
 def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, quantize, draft_quantize, prefill_chunk,
            prefill_graph, medusa_dir, tree, torch_weights, trt, trt_precision, eagle_dir=None, eagle_nodes=32, eagle_depth=5,
-           eagle_topk=8, parity_bounds=None, low_memory="auto"):
+           eagle_topk=8, parity_bounds=None, low_memory="auto", measure_default=True):
     """Export TARGET (and DRAFT) to ONNX, check ORT against PyTorch, write manifest.json.
 
     The engine dir appears at --out only when every graph passed its parity check."""
@@ -113,4 +116,8 @@ def export(target, draft, out, force, verbose, gamma, max_len, dtype, graph, qua
             build_engine_plans(path, precision=trt_precision, log=click.echo)
         except (TrtBuildError, EngineError) as e:
             raise click.ClickException(str(e))
+    if measure_default:
+        from ..profile.default_method import choose_default
+
+        choose_default(path, log=click.echo)
     click.echo(f"engine dir written: {path}")

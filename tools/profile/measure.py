@@ -337,7 +337,8 @@ def write_defaults(engine_dir: str | Path, recommendation: dict) -> dict:
     path = Path(engine_dir) / "manifest.json"
     raw = json.loads(path.read_text())
     cap = None if recommendation.get("max_batch_is_lower_bound") else recommendation["speculation_max_batch"]
-    raw["defaults"] = {**raw.get("defaults", {}), "method": recommendation["method"],
+    kept = {k: v for k, v in raw.get("defaults", {}).items() if k != "measured"}  # export's figures: not this choice's
+    raw["defaults"] = {**kept, "method": recommendation["method"],
                        "gamma": recommendation["gamma"], "speculation_max_batch": cap}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(raw, indent=1))
