@@ -273,7 +273,8 @@ def test_cli_train_export_generate(trained, tmp_path):
     assert "held-out top-1 per head" in res.output and (tmp_path / "heads" / "model.safetensors").is_file()
     (tmp_path / "tree.json").write_text(json.dumps([[0], [1], [0, 0]]))
     res = runner.invoke(cli, ["export", "--target", str(trained["target"]), "--medusa", str(tmp_path / "heads"),
-                              "--tree", str(tmp_path / "tree.json"), "--out", str(tmp_path / "e"), "--max-len", "64"])
+                              "--tree", str(tmp_path / "tree.json"), "--out", str(tmp_path / "e"), "--max-len", "64",
+                              "--no-measure-default"])  # the rule's default: medusa
     assert res.exit_code == 0, res.output
     m = json.loads((tmp_path / "e" / "manifest.json").read_text())
     assert m["models"]["target"]["shapes"]["tree_verify"] == 4 and m["defaults"]["method"] == "medusa"
