@@ -188,15 +188,15 @@ def _layer(g: _Graph, i: int, layer, resid: str, branch: str | None, layer_input
     return resid, branch
 
 
-
 def linear_inputs(model, with_hidden: bool = False) -> dict:
     """The fused graph's MatMul inputs by name -> the HF nn.Linear that reads the same activation: where
-    export/smooth.py's statistics are taken on the torch model (``calibration_activations``)."""
+    export/smooth.py's statistics are taken on the torch model (``smooth.recording_activation_max``)."""
     out = {"hidden" if with_hidden else "final": model.get_output_embeddings()}
     for i, layer in enumerate(model.model.layers):
         out.update({f"l{i}.n1": layer.self_attn.q_proj, f"l{i}.att": layer.self_attn.o_proj,
                     f"l{i}.n2": layer.mlp.gate_proj, f"l{i}.act": layer.mlp.down_proj})
     return out
+
 
 def run_in_place(engine, feeds: list[np.ndarray], max_len: int, stale: float = np.nan) -> list[np.ndarray]:
     """Run the fused graph on a traced-graph parity case (the traced graph's inputs, batch 1).

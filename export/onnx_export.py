@@ -131,7 +131,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     from .fused_graph import build_fused_graph, linear_inputs, run_in_place
 
     from .lazy_model import is_lazy
-    from .smooth import torch_activation_max
+    from .smooth import recording_activation_max
     from .tensor_store import TensorStore
 
     geo = geometry(model)
@@ -139,9 +139,14 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     windows = layer_windows(model.config, cfg.max_len)
     layout = choose_kv_layout(model, cfg)
     lazy = is_lazy(model)
-    # the references, before tracing (a lazily read, quantized model: the calibration text only, all it is judged on)
-    cases = {} if lazy and cfg.quantize else parity_cases(wrapper, geo, cfg)
-    calibration = parity.calibration_case(model, geo.vocab_size, cfg.max_len)  # windows apply in the graph
+    # a lazily read, quantized model: no fp32 graph is run (its ONNX Runtime session is the whole model in fp32,
+    # what a low-memory export must not hold), and the references are the calibration text's only, all a
+    # quantized graph is judged on
+    fp32_graph_checked = not (lazy and cfg.quantize)
+    cases = parity_cases(wrapper, geo, cfg) if fp32_graph_checked else {}  # the references, before tracing
+    linears = linear_inputs(model, cfg.with_hidden) if layout == "in_place" and cfg.quantize else {}
+    with recording_activation_max(linears) as activation_max:  # export/smooth.py's statistics, on the same forward
+        calibration = parity.calibration_case(model, geo.vocab_size, cfg.max_len)  # windows apply in the graph
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     big = lazy or n_bytes > EXTERNAL_DATA_BYTES
     t0 = time.time()
@@ -156,9 +161,6 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
     else:
         trace_graph(wrapper, geo, path, cfg, big)
     seconds = time.time() - t0
-    inputs = linear_inputs(model, cfg.with_hidden) if layout == "in_place" else {}
-    activation_max = lambda names: torch_activation_max(  # noqa: E731  (export/smooth.py's statistics)
-        model, {n: inputs[n] for n in names if n in inputs}, calibration[0])
 
     def run(engine):
         if layout == "in_place":
@@ -170,9 +172,7 @@ def export_graph(model, path: Path, cfg: ExportConfig) -> dict:
         return parity.check(run(OrtEngine(path)), cases, calibration, geo, cfg.dtype, cfg.prefill_chunk, scheme,
                             cfg.parity_bounds)
 
-    # the unquantized graph (not run when lazily read and quantized: an ONNX Runtime session of it is the whole
-    # model in fp32, what a low-memory export must not hold)
-    report, absolute = check(cfg.dtype) if not (lazy and cfg.quantize) else (None, None)
+    report, absolute = check(cfg.dtype) if fp32_graph_checked else (None, None)
     entry = {}
     if cfg.quantize:
         from .quantize import QuantizeError, parity_scheme, quantize_graph

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ExportError
-from .tensor_store import TensorStore, compact
+from .tensor_store import TensorStore, compact, drop_unread
 
 MAX_KL = 0.2  # check_prefill: a prefill graph further from its decode graph than this is a wrong rewrite (the
 # int4 model is 0.19-0.24 from fp32 on real text; requantizing it to the integer kernel: 0.03-0.04)
@@ -103,9 +103,7 @@ def integer_prefill(proto, store) -> int:
         unused.update(x for x in ins[1:4] if x)
     del g.node[:]
     g.node.extend(nodes)
-    still = {x for n in g.node for x in n.input}
-    for init in [i for i in g.initializer if i.name in unused - still]:
-        g.initializer.remove(init)
+    drop_unread(proto, unused)
     return integer_matmuls(proto, lambda node: node.input[1] in dense, store) if dense else 0
 
 

@@ -135,10 +135,10 @@ def matmul_group(node) -> str:
 
 
 def quantize_graph(path: Path, scheme: str | QuantOptions, external_data: bool = False,
-                   calibration_ids=None, activation_max=None) -> dict:
+                   calibration_ids=None, activation_max: dict | None = None) -> dict:
     """Quantize the graph at ``path`` in place; returns {"scheme", "bits", "block_size", "matmuls", "options",
     "smoothed"}. ``calibration_ids``: token ids the smoothing statistics are taken on (none: no smoothing);
-    ``activation_max(names)``: those statistics, measured elsewhere (export/smooth.py). With ``external_data`` the
+    ``activation_max``: those statistics by input name, measured elsewhere (export/smooth.py). With ``external_data`` the
     weights are read from and written to ``<name>.data`` one tensor at a time (export/tensor_store.py)."""
     import onnx
 
@@ -162,7 +162,7 @@ def quantize_graph(path: Path, scheme: str | QuantOptions, external_data: bool =
 
 
 def quantize_proto(proto, opts: QuantOptions, calibration_ids=None, stats: dict | None = None,
-                   store=None, activation_max=None):
+                   store=None, activation_max: dict | None = None):
     """``proto`` with its MatMuls quantized as ``opts`` says (changed in place). The integer kernel needs a
     fused graph: elsewhere its groups get 8-bit MatMulNBits. ``stats`` (a dict) receives {"smoothed": inputs
     smoothed, "kernels": group -> kernel used}; ``store`` reads and writes the weights (default: in the proto)."""
@@ -197,6 +197,8 @@ def nbits_matmuls(proto, opts: QuantOptions, group_of, include, store) -> int:
     ``<W>_scales`` [N, blocks], ``<W>_zero_points`` when asymmetric; node ``<name>_Q<bits>``), quantized by
     the same C++ routines. Returns how many."""
     from onnx import TensorProto, helper
+
+    from .tensor_store import drop_unread
 
     try:
         from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
@@ -234,9 +236,7 @@ def nbits_matmuls(proto, opts: QuantOptions, group_of, include, store) -> int:
         count += 1
     del g.node[:]
     g.node.extend(nodes)
-    still = {x for nd in g.node for x in nd.input}
-    for init in [i for i in g.initializer if i.name in used - still]:
-        g.initializer.remove(init)
+    drop_unread(proto, used)
     if count and not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return count

@@ -23,6 +23,7 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -57,10 +58,10 @@ class _Graph:
 
 
 def smooth_inputs(proto, include, calibration_ids, max_len: int, alpha: float = ALPHA,
-                  store: TensorStore | None = None, activation_max=None) -> int:
+                  store: TensorStore | None = None, activation_max: dict | None = None) -> int:
     """Smooth, in ``proto``, the inputs of the MatMuls (constant fp32 weight, ``include(node)``) whose producer
-    can absorb the factors; returns how many inputs were smoothed. ``activation_max(names)``: max |x| per
-    channel by input name, measured elsewhere (the export's: ``torch_activation_max``; a name it lacks is not
+    can absorb the factors; returns how many inputs were smoothed. ``activation_max``: max |x| per channel by
+    input name, measured elsewhere (the export's: ``recording_activation_max``; a name it lacks is not
     smoothed); without it, measured here by running ``proto`` on ``calibration_ids`` in ONNX Runtime.
     ``store``: where the weights are read and written (export/tensor_store.py)."""
     g = _Graph(proto, store or TensorStore())
@@ -72,7 +73,7 @@ def smooth_inputs(proto, include, calibration_ids, max_len: int, alpha: float = 
     if not plans:
         return 0
     widths = {x: int(g.inits[users[0].input[1]].dims[0]) for x, users in groups.items() if x in plans}
-    stats = (activation_max(list(plans)) if activation_max else
+    stats = (activation_max if activation_max is not None else
              _activation_max(proto, list(plans), widths, calibration_ids, max_len))
     plans = {x: fold for x, fold in plans.items() if x in stats}
     for x, fold in plans.items():
@@ -199,11 +200,11 @@ def _activation_max(proto, names: list, widths: dict, ids, max_len: int) -> dict
         return {n: np.abs(out[n][0]).max(axis=0) for n in names}
 
 
-def torch_activation_max(model, modules: dict, ids) -> dict:
-    """name -> max |x| per channel [K] of the input of each nn.Linear in ``modules`` (name -> module), over
-    one forward of ``ids`` through the torch ``model`` (a lazily opened one reads each layer once)."""
-    import torch
-
+@contextlib.contextmanager
+def recording_activation_max(modules: dict):
+    """Within the block, each forward through the nn.Linears of ``modules`` (name -> module) records the max |x|
+    per channel [K] of its input into the dict this yields (name -> [K]): the export takes the statistics on the
+    torch model's calibration forward it runs anyway (a lazily read model: no second read of its layers)."""
     stats = {}
 
     def hook(name):
@@ -213,9 +214,7 @@ def torch_activation_max(model, modules: dict, ids) -> dict:
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
     try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([list(ids)]))
+        yield stats
     finally:
         for h in handles:
             h.remove()
-    return stats

@@ -71,6 +71,13 @@ def _append(f, raw) -> int:
     return offset
 
 
+def drop_unread(proto, names) -> None:
+    """Remove the initializers named in ``names`` that no node of ``proto`` reads any more (rewritten weights)."""
+    read = {x for node in proto.graph.node for x in node.input}
+    for init in [i for i in proto.graph.initializer if i.name in set(names) - read]:
+        proto.graph.initializer.remove(init)
+
+
 def compact(proto, store: TensorStore) -> None:
     """Rewrite ``store.data_file`` to hold only the tensors of ``proto`` that point into it (in graph order),
     updating their offsets; tensors in other files are left as they are."""
