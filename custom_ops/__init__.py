@@ -10,7 +10,8 @@
     use_specrt_attention(m)    renames, in an ``onnx.ModelProto``, the domain of the GroupQueryAttention nodes
                                that kernel computes; returns how many
     take_token_slots(m)        gives those nodes a new graph input, ``token_slots``: calls of rows without padding
-    matmul_code()              whether this CPU runs the int4 matmul (AVX-512 VNNI)
+    matmul_isa()               the int4 matmul's variant that runs here (avx512, avx2, ref) or "ort": $SPECRT_ISA
+    matmul_code()              whether the int4 matmul takes the graphs' int4 matmuls here
     use_specrt_matmul(m)       the same for the MatMulNBits nodes the int4 matmul computes
     fuse_swiglu(m)             folds each SwiGLU activation (Split, Sigmoid, two Muls) into the int4 matmul before it
     fuse_norms(m)              folds each RMS norm ((Skip)SimplifiedLayerNormalization) into the int4 matmul after it
@@ -37,14 +38,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("attention.cpp")
-KERNEL_SOURCES = [SOURCE, Path(__file__).with_name("matmul_nbits.cpp"), Path(__file__).with_name("matmul_int8.cpp")]
-KERNEL_HEADERS = [Path(__file__).with_name("kernels.h"), Path(__file__).with_name("exp16.h")]
+HERE = Path(__file__).parent
+KERNEL_SOURCES = [SOURCE, HERE / "matmul_nbits.cpp", HERE / "matmul_int8.cpp", HERE / "matmul_nbits_ref.cpp",
+                  HERE / "matmul_nbits_avx2.cpp", HERE / "matmul_nbits_avx512.cpp"]
+KERNEL_HEADERS = [HERE / "kernels.h", HERE / "exp16.h", HERE / "matmul_nbits.h"]
+# Flags of the files of one ISA variant each, after the library's own (a later -march wins), on x86-64: each is
+# compiled for its ISA whatever this CPU is, and runs only where the CPU has it (matmul_nbits.cpp chooses at run time).
+# The reference takes no contractions: its FMAs are spelled out, as the vector variants' are.
+KERNEL_VARIANTS = {"matmul_nbits_ref.cpp": ("-ffp-contract=off",),
+                   "matmul_nbits_avx2.cpp": ("-march=x86-64-v3", "-mtune=generic"),
+                   "matmul_nbits_avx512.cpp": ("-march=x86-64-v4", "-mtune=generic", "-mavx512vnni", "-mamx-tile",
+                                               "-mamx-int8")}
 INCLUDE = Path(__file__).with_name("include") / "onnxruntime"  # ONNX Runtime's C/C++ API headers, vendored
 DOMAIN = "ai.specrt"
 LIBRARY = "libspecrt_kernels.so"
@@ -118,7 +129,15 @@ def attention_library(arch: str | None = None) -> Path:
     arch = arch or os.environ.get("SPECRT_KERNEL_MARCH") or "native"
     include = ort_include()
     return build_library("specrt's attention kernel", LIBRARY, KERNEL_SOURCES, (*FLAGS, f"-march={arch}", f"-I{include}"),
-                         (include / "onnxruntime_c_api.h").read_text(), headers=KERNEL_HEADERS)
+                         (include / "onnxruntime_c_api.h").read_text(), headers=KERNEL_HEADERS,
+                         source_flags=variant_flags(platform.machine()))
+
+
+def variant_flags(machine: str) -> dict:
+    """{source: its own flags} of the ISA variants' files for a CPU architecture (``platform.machine()``'s name):
+    ``KERNEL_VARIANTS`` on x86-64; elsewhere the reference's only (the x86 files compile to nothing there)."""
+    x86 = machine.lower() in ("x86_64", "amd64")
+    return {HERE / name: flags for name, flags in KERNEL_VARIANTS.items() if x86 or name.endswith("_ref.cpp")}
 
 
 def suffix_library() -> Path:
@@ -128,24 +147,35 @@ def suffix_library() -> Path:
                          headers=SUFFIX_HEADERS)
 
 
-def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: str = "", headers: list = ()) -> Path:
-    """The shared library ``name`` compiled from ``sources`` with ``flags`` into
-    ``$SPECRT_CACHE/kernels/<key>/``, unless there already (the key: sources and the ``headers`` they include,
-    compiler version, flags, this CPU's flags, ``extra_key``); KernelError, naming ``what``, without a compiler or
-    when compiling fails."""
+def build_library(what: str, name: str, sources: list, flags: tuple, extra_key: str = "", headers: list = (),
+                  source_flags: dict | None = None) -> Path:
+    """The shared library ``name`` compiled from ``sources`` with ``flags`` (and ``source_flags[source]`` after them
+    for that source) into ``$SPECRT_CACHE/kernels/<key>/``, unless there already (the key: sources and the
+    ``headers`` they include, compiler version, flags, this CPU's flags, ``extra_key``); KernelError, naming
+    ``what``, without a compiler or when compiling fails. The sources compile side by side, then link."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise KernelError(f"{what} needs a C++17 compiler ({os.environ.get('CXX', 'g++')} not found)")
-    key = build_key(compiler, (*sources, *headers), flags, extra_key)
+    source_flags = source_flags or {}
+    every_flag = (*flags, *(f"{Path(s).name}:{' '.join(f)}" for s, f in source_flags.items()))
+    key = build_key(compiler, (*sources, *headers), every_flag, extra_key)
     out = Path(os.environ.get("SPECRT_CACHE", Path.home() / ".cache" / "specrt")) / "kernels" / key / name
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # built aside, then renamed: never half a library
+        objects = [Path(tmp) / f"{i}.o" for i in range(len(sources))]
+        jobs = [subprocess.Popen([compiler, *flags, *source_flags.get(Path(s), ()), "-c", str(s), "-o", str(o)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for s, o in zip(sources, objects)]
+        stderr = [job.communicate()[1] for job in jobs]
+        errors = [err for job, err in zip(jobs, stderr) if job.returncode]
         built = Path(tmp) / name
-        r = subprocess.run([compiler, *flags, *map(str, sources), "-o", str(built)], capture_output=True, text=True)
-        if r.returncode:
-            raise KernelBuildError(f"building {what} failed:\n{r.stderr[-2000:]}")
+        if not errors:
+            r = subprocess.run([compiler, *flags, *map(str, objects), "-o", str(built)], capture_output=True, text=True)
+            errors = [r.stderr] if r.returncode else []
+        if errors:
+            raise KernelBuildError(f"building {what} failed:\n{errors[0][-2000:]}")
         os.replace(built, out)
     return out
 
@@ -220,9 +250,40 @@ def take_token_slots(model) -> bool:
 MATMUL_ATTRIBUTES = {"bits": 4, "block_size": 32, "accuracy_level": 4}  # what the int4 matmul computes (and K, N)
 
 
+ISA_NAMES = ("auto", "ref", "avx2", "avx512")  # $SPECRT_ISA's values (matmul_nbits.cpp chosen_variant)
+
+
+def matmul_isa() -> str:
+    """The int4 matmul's variant a session opened now runs, as the kernel library chooses it (matmul_nbits.cpp): the
+    best this CPU runs, or $SPECRT_ISA capped at what it runs: "avx512" (AVX-512 VNNI), "avx2", "ref" (the portable
+    reference, only where $SPECRT_ISA=ref asks for it); "ort" where the int4 matmuls stay ONNX Runtime's (no vector
+    variant runs here, or the library cannot be built). KernelError for a $SPECRT_ISA it does not know.
+
+        >>> matmul_isa()  # an AMD Zen 4; with SPECRT_ISA=avx2: "avx2"; an ARM machine: "ort"  # doctest: +SKIP
+        'avx512'
+    """
+    try:
+        isa = kernel_library_handle(attention_library()).specrt_matmul_nbits_isa().decode()
+    except KernelError:  # no compiler, or the build failed (attention_library's callers say so)
+        return "ort"
+    if not isa:
+        raise KernelError(f"SPECRT_ISA must be one of {', '.join(ISA_NAMES)}, got {os.environ.get('SPECRT_ISA')!r}")
+    return isa
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_library_handle(path: Path):
+    """The kernel library loaded into this process (ctypes), to ask it which variants it runs."""
+    import ctypes
+
+    lib = ctypes.CDLL(str(path))
+    lib.specrt_matmul_nbits_isa.restype = ctypes.c_char_p
+    return lib
+
+
 def matmul_code() -> bool:
-    """Whether this CPU runs the int4 matmul (matmul_nbits.cpp): AVX-512 with VNNI."""
-    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags().split())
+    """Whether specrt's int4 matmul (matmul_nbits.cpp) takes the graphs' int4 matmuls here (``matmul_isa``)."""
+    return matmul_isa() != "ort"
 
 
 def supported_matmul(node, initializers: set) -> bool:
@@ -384,7 +445,7 @@ def fuse_norms(model) -> int:
 def int8_code() -> bool:
     """Whether specrt's int8 matmul (matmul_int8.cpp) takes a graph's int8 matmuls here: AMX's int8 tiles beside AVX-512
     VNNI (its VNNI path alone is slower than ONNX Runtime's kernel past one row)."""
-    return matmul_code() and {"amx_tile", "amx_int8"} <= set(cpu_flags().split())
+    return {"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"} <= set(cpu_flags().split())
 
 
 def fuse_int8_matmuls(model) -> int:

@@ -225,16 +225,7 @@ inline void softmax(float* x, const float* bias, float scale, int64_t len, int64
   for (int64_t t = 0; t < padded; t += 16) _mm512_storeu_ps(x + t, _mm512_mul_ps(_mm512_loadu_ps(x + t), inv));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp8(__m256 x) {  // exp_neg, 8 lanes
-  const __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  for (const float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(kept, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+#include "exp16.h"  // exp_neg, 8 lanes
 
 inline float reduce8(__m256 x, bool max) {  // one fixed order: halves, then pairs, then the last two
   __m128 h = max ? _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1))

@@ -6,12 +6,19 @@
 
 struct OrtCustomOp;
 
-// ai.specrt::MatMulNBits (matmul_nbits.cpp): nullptr where the compiler cannot build its AVX-512 VNNI code
-// (not x86-64); the op itself refuses to run on a CPU without it.
+// ai.specrt::MatMulNBits (matmul_nbits.cpp), the int4 matmul: its variants (reference, AVX2, AVX-512 VNNI) chosen when
+// a session opens, from the CPU and $SPECRT_ISA
 const OrtCustomOp* specrt_matmul_nbits_op();
 
-// Whether this CPU runs it (x86-64 with AVX-512 F, BW and VNNI; the int8 matmul's VNNI code needs the same).
+// Whether the graphs' int4 matmuls go to it: a vector variant runs here, or $SPECRT_ISA=ref asks for the reference
 bool specrt_matmul_nbits_runs();
+
+// The variant that runs ("ref", "avx2", "avx512"), "ort" where the int4 matmuls stay ONNX Runtime's (no vector variant
+// runs here), "" where $SPECRT_ISA names none (exported from libspecrt_kernels.so: Python asks it)
+extern "C" const char* specrt_matmul_nbits_isa();
+
+// Whether this CPU has AVX-512 F, BW, DQ, VL and VNNI (the int8 matmul's VNNI code needs them)
+bool specrt_avx512_vnni();
 
 // ai.specrt::MatMulInt8 (matmul_int8.cpp): the int8 lm_head with its row scale folded in; nullptr where the compiler
 // cannot build it (not x86-64); the op refuses to run on a CPU without AVX-512 VNNI (AMX where there is one).

@@ -41,16 +41,24 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 // GCC 12 flags the _mm512_undefined_ps() inside _mm512_cvtepi32_ps where finish() is inlined: a false positive
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace {
 
+// The vector code is compiled for its ISA whatever -march says (the glue below runs on any x86-64 CPU): GCC's target
+// pragmas, clang's attribute pragmas (clang ignores GCC's)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#endif
 
 constexpr int64_t kCols = 16;        // columns per group: one 512-bit register of int32 / fp32
 constexpr int64_t kChunk = 64;       // K-values per packed tile
@@ -159,9 +167,14 @@ void vnni_group(const Packed& p, const uint8_t* a, int64_t row0, const float* ro
   for (int r = 0; r < R; ++r) finish(p, sum[r], g, row_scale[row0 + r], y + (row0 + r) * p.n);
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8"))), apply_to = function)
+#else
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")
+#endif
 
 // AMX: rows [row0, row0 + rows) x groups [g, g_end), two groups a pass sharing each A tile. Tiles: 0 = A (rows x 64
 // K-values), 1 and 2 = B (the two groups' chunk), 3 and 4 = C (rows x 16 int32 sums).
@@ -202,7 +215,11 @@ void amx_groups(const Packed& p, const uint8_t* a, int64_t row0, int rows, const
   _tile_release();
 }
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 bool cpu_has_amx() {  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -212,8 +229,12 @@ bool cpu_has_amx() {  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8
 // Whether this CPU has AMX's int8 tiles and Linux lets this process use them (asked once: arch_prctl); SPECRT_NO_AMX=1
 // takes the VNNI path (the tests compare the two)
 bool amx_enabled() {
+#if defined(__linux__)
   static const bool enabled =
       cpu_has_amx() && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else  // macOS grants no AMX (no Mac has it), other systems are not asked
+  static const bool enabled = false;
+#endif
   const char* off = std::getenv("SPECRT_NO_AMX");
   return enabled && !(off && std::strcmp(off, "1") == 0);
 }
@@ -284,7 +305,7 @@ struct MatMulInt8Kernel {
 
   MatMulInt8Kernel(const OrtApi&, const OrtKernelInfo* info, bool dynamic_rows) : dynamic(dynamic_rows) {
     Ort::ConstKernelInfo k(info);
-    if (!specrt_matmul_nbits_runs()) ORT_CXX_API_THROW("specrt MatMulInt8: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
+    if (!specrt_avx512_vnni()) ORT_CXX_API_THROW("specrt MatMulInt8: this CPU has no AVX-512 VNNI", ORT_NOT_IMPLEMENTED);
     int constant_b = 0, constant_s = 0;
     auto b = k.GetTensorConstantInput(1, &constant_b), s = k.GetTensorConstantInput(3, &constant_s);
     if (!constant_b || !constant_s)
@@ -376,7 +397,7 @@ MatMulInt8Op<true> dynamic_matmul_int8_op;
 
 const OrtCustomOp* specrt_matmul_int8_op() { return &matmul_int8_op; }
 const OrtCustomOp* specrt_dynamic_matmul_int8_op() { return &dynamic_matmul_int8_op; }
-bool specrt_matmul_int8_runs() { return specrt_matmul_nbits_runs() && cpu_has_amx(); }
+bool specrt_matmul_int8_runs() { return specrt_avx512_vnni() && cpu_has_amx(); }
 bool specrt_amx_enabled() { return amx_enabled(); }
 #else
 const OrtCustomOp* specrt_matmul_int8_op() { return nullptr; }

@@ -39,9 +39,9 @@ class OrtEngine:
     counts a session's nodes on specrt's kernel (0 where the graph has none, or one the kernel does not compute:
     all or none, custom_ops/).
     matmul: who computes the int4 MatMulNBits nodes of a graph whose attention runs on specrt's kernel: "auto"
-    (the default: $SPECRT_MATMUL, else specrt's int4 matmul on a CPU with AVX-512 VNNI, custom_ops/matmul_nbits.cpp),
-    "ort" or "specrt" (EngineError without AVX-512 VNNI); with specrt's, its int8 matmuls with per-row activations
-    too where the CPU has AMX (custom_ops/matmul_int8.cpp). ``session.specrt_matmuls`` counts both.
+    (the default: $SPECRT_MATMUL, else specrt's int4 matmul where one of its vector variants runs: AVX2 or
+    AVX-512 VNNI, custom_ops/matmul_nbits.cpp), "ort" or "specrt" (EngineError without them); with specrt's, its
+    int8 matmuls with per-row activations too where the CPU has AMX (custom_ops/matmul_int8.cpp). ``session.specrt_matmuls`` counts both.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -95,6 +95,8 @@ class OrtEngine:
         if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.matmul = resolve_matmul(matmul, on_cpu)
+        if attention != "specrt":  # specrt's matmuls run on graphs whose attention runs on its kernel
+            self.matmul = "ort"
         self.options = opts
         self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]
         self.attention = attention
@@ -170,7 +172,8 @@ def resolve_matmul(matmul: str | None, on_cpu: bool) -> str:
     if matmul not in ATTENTION:
         raise EngineError(f"matmul must be one of {', '.join(ATTENTION)}, got {matmul!r}")
     if matmul == "specrt" and not (on_cpu and matmul_code()):
-        raise EngineError("matmul 'specrt' needs the CPU execution provider on a CPU with AVX-512 VNNI")
+        raise EngineError("matmul 'specrt' needs the CPU execution provider on a CPU with AVX2 and FMA or AVX-512 VNNI "
+                          "(or SPECRT_ISA=ref)")
     return "specrt" if matmul == "specrt" or (matmul == "auto" and on_cpu and matmul_code()) else "ort"
 
 
@@ -326,7 +329,8 @@ def one_row_differs(engine: OrtEngine) -> bool:
     names = {t.name for t in proto.graph.initializer}
     probes = set()
     for node in proto.graph.node:
-        if node.op_type != "MatMulNBits" or (engine.matmul == "specrt" and supported_matmul(node, names)):
+        on_specrt = engine.matmul == "specrt" and engine.session.specrt_attention > 0  # (else nothing renamed)
+        if node.op_type != "MatMulNBits" or (on_specrt and supported_matmul(node, names)):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         probes.add((*(int(attrs.get(k, 0)) for k in NBITS_ATTRIBUTES), len(node.input) > 3 and bool(node.input[3])))

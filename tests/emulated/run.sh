@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests whose outcome depends on which kernels the CPU runs, on an emulated AVX2-only CPU: qemu-user's x86-64
 # emulator with an AMD EPYC Zen 3 model (AVX2 and FMA, no AVX-512, VNNI or AMX), so ONNX Runtime takes its AVX2 code
-# (MLAS picks its kernels from CPUID) and specrt its AVX2 attention and ONNX Runtime's int4 matmul, as on such a
+# (MLAS picks its kernels from CPUID) and specrt its AVX2 attention and its AVX2 int4 matmul, as on such a
 # machine; on any x86-64 host. ~10x slower than native: only the decode-vs-verify and the int4 greedy == plain tests
 # run here (the real model's engine is exported natively first, by the main run, and found in $SPECRT_CACHE).
 #   bash tests/emulated/run.sh              # in the venv that runs the tests (.ci/run calls it)

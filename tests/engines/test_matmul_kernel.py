@@ -2,15 +2,18 @@
 at accuracy level 4 on the same weights and inputs, the property the runtime relies on (a row's output does not
 depend on the call's other rows, bit for bit), and which nodes it takes over; the same for what it folds in: the
 SwiGLU activation after it (``fuse_swiglu``) against ONNX Runtime's Split, Sigmoid and Muls, the RMS norm before it
-(``fuse_norms``) against ONNX Runtime's (Skip)SimplifiedLayerNormalization."""
+(``fuse_norms``) against ONNX Runtime's (Skip)SimplifiedLayerNormalization. Each test runs once per ISA variant this
+CPU runs (SPECRT_ISA=ref, avx2, avx512), and every variant gives the portable reference's bits."""
 from __future__ import annotations
+
+import shutil
 
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import fuse_norms, fuse_swiglu, int8_code, matmul_code, use_specrt_matmul
+from specrt.custom_ops import KernelError, fuse_norms, fuse_swiglu, int8_code, matmul_code, matmul_isa, use_specrt_matmul
 from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
 from test_attention_kernel import library as built_library  # the kernels' library, or a skip saying what is missing
@@ -18,14 +21,29 @@ from test_attention_kernel import library as built_library  # the kernels' libra
 
 def kernel_library(kernel: str) -> str:
     """The kernels' library, or a skip naming what specrt's ``kernel`` ("int4", "int8") matmul needs."""
-    if not matmul_code():
-        pytest.skip(f"specrt's {kernel} matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
+    if kernel == "int4" and not matmul_code():
+        pytest.skip("specrt's int4 matmul needs x86-64 with AVX2 and FMA (custom_ops.matmul_isa)")
+    if kernel == "int8" and not int8_code():
+        pytest.skip("specrt's int8 matmul needs AVX-512 VNNI and AMX (custom_ops.int8_code)")
     return built_library("native")
 
 
-@pytest.fixture(scope="module")
-def library():
-    return kernel_library("int4")
+ISAS = ["ref", "avx2", "avx512"]  # the int4 matmul's variants (matmul_nbits.h)
+
+
+def use_isa(monkeypatch, isa: str) -> None:
+    """Sessions opened from now on run the int4 matmul's ``isa`` variant (or a skip: this CPU lacks it)."""
+    monkeypatch.setenv("SPECRT_ISA", isa)
+    if matmul_isa() != isa:
+        pytest.skip(f"this CPU does not run the int4 matmul's {isa} variant (it runs {matmul_isa()})")
+
+
+@pytest.fixture(params=ISAS)
+def library(request, monkeypatch):
+    """The kernels' library, sessions opened with SPECRT_ISA = each variant in turn (read when a session opens)."""
+    lib = built_library("native")
+    use_isa(monkeypatch, request.param)
+    return lib
 
 
 def matmul_model(k: int, n: int, domain: str = "com.microsoft", seed: int = 0, weights_as_input: bool = False,
@@ -83,12 +101,14 @@ def test_a_row_does_not_depend_on_the_calls_other_rows(library):
 
 
 @pytest.mark.parametrize("swiglu", [False, True], ids=["matmul", "swiglu"])
-def test_amx_tiles_give_the_register_tiles_bits(library, monkeypatch, swiglu):
+def test_amx_tiles_give_the_register_tiles_bits(monkeypatch, swiglu):
     """Where the CPU has AMX, a call's rows in tiles of 16 (the last one of at least 9) take AMX's int8 tiles: the
     same int32 sums of each block and the same float steps as the VNNI register tiles, so the same bits, and a row's
     bits still do not depend on the call's other rows (a decode step, 1 row, always takes the register tiles)."""
     if not int8_code():
         pytest.skip("the int4 matmul's AMX path needs AMX's int8 tiles (custom_ops.int8_code)")
+    library = built_library("native")
+    use_isa(monkeypatch, "avx512")
     k, n = 576, 192
     model = fused(swiglu_model(k, n))[0] if swiglu else matmul_model(k, n, "ai.specrt")
     amx = session(model, library)
@@ -101,6 +121,52 @@ def test_amx_tiles_give_the_register_tiles_bits(library, monkeypatch, swiglu):
         assert np.array_equal(got, vnni.run(None, {"A": a[:, :rows]})[0]), rows
         for r in (0, rows - 1):
             assert np.array_equal(amx.run(None, {"A": a[:, r:r + 1]})[0][0, 0], got[0, r]), (rows, r)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_every_variant_gives_the_references_bits(monkeypatch, isa):
+    """The variants compute the same int32 sums and the same float steps in the same order as the portable reference
+    (matmul_nbits_ref.cpp), the folded norm and SwiGLU included: the same bits, for every row count a variant tiles
+    differently (1-2 rows, 3-4, 5-8, 9+ through AMX where the CPU has it)."""
+    lib = built_library("native")
+    k, n = 576, 192
+    models = {"matmul": matmul_model(k, n, "ai.specrt"), "swiglu": fused(swiglu_model(k, n))[0],
+              "norm": folded_norm(norm_model(k, n))[0]}
+    use_isa(monkeypatch, "ref")
+    reference = {name: session(model, lib) for name, model in models.items()}
+    use_isa(monkeypatch, isa)
+    rng = np.random.default_rng(7)
+    for name, model in models.items():
+        ours = session(model, lib)
+        for rows in (1, 2, 3, 4, 5, 8, 9, 17, 25):
+            feed = {i.name: rng.standard_normal((1, rows, k)).astype(np.float32) * 3 for i in model.graph.input}
+            feed[next(iter(feed))][0, 0, :32] = 0.0  # a block of zeros: scale 0
+            got, want = ours.run(None, feed), reference[name].run(None, feed)
+            for g, w in zip(got, want):
+                assert np.array_equal(g, w), (name, rows)
+
+
+def test_an_unknown_isa_is_a_clear_error(monkeypatch):
+    lib = built_library("native")
+    monkeypatch.setenv("SPECRT_ISA", "sse9")
+    with pytest.raises(KernelError, match="SPECRT_ISA must be one of auto, ref, avx2, avx512, got 'sse9'"):
+        matmul_isa()
+    with pytest.raises(Exception, match="SPECRT_ISA must be one of auto, ref, avx2, avx512"):
+        session(matmul_model(64, 32, "ai.specrt"), lib)
+
+
+def test_the_kernels_build_for_arm64(monkeypatch, tmp_path):
+    """On ARM64 the library holds the attention kernel's portable code and the int4 matmul's reference (the x86 variants
+    compile to nothing there): built here with a cross compiler (Debian's g++-aarch64-linux-gnu; .ci/run installs it)."""
+    from specrt.custom_ops import FLAGS, KERNEL_HEADERS, KERNEL_SOURCES, build_library, ort_include, variant_flags
+
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("the ARM64 build check needs aarch64-linux-gnu-g++ (Debian's g++-aarch64-linux-gnu)")
+    monkeypatch.setenv("CXX", "aarch64-linux-gnu-g++")
+    monkeypatch.setenv("SPECRT_CACHE", str(tmp_path))
+    library = build_library("the kernels for ARM64", "libspecrt_kernels.so", KERNEL_SOURCES,
+                            (*FLAGS, f"-I{ort_include()}"), headers=KERNEL_HEADERS, source_flags=variant_flags("aarch64"))
+    assert library.read_bytes()[:4] == b"\x7fELF" and library.read_bytes()[18] == 183  # e_machine: EM_AARCH64
 
 
 def test_only_the_nodes_it_computes_are_renamed():
@@ -124,7 +190,7 @@ def test_who_computes_the_int4_matmuls(monkeypatch):
     assert resolve_matmul(None, True) == "ort"
     with pytest.raises(EngineError, match="matmul must be one of auto, ort, specrt, got 'fast'"):
         resolve_matmul("fast", True)
-    with pytest.raises(EngineError, match="needs the CPU execution provider on a CPU with AVX-512 VNNI"):
+    with pytest.raises(EngineError, match="needs the CPU execution provider on a CPU with AVX2"):
         resolve_matmul("specrt", False)
 
 

@@ -144,7 +144,7 @@ def test_on_specrt_attention_the_fused_graph_needs_no_pad(engine, specrt_attenti
     from specrt.custom_ops import int8_code, matmul_code
 
     if matmul == "specrt" and not matmul_code():
-        pytest.skip("specrt's int4 matmul needs AVX-512 VNNI (custom_ops.matmul_code)")
+        pytest.skip("specrt's int4 matmul needs x86-64 with AVX2 and FMA (custom_ops.matmul_isa)")
     rt = specrt.load(engine, attention=specrt_attention, matmul=matmul)
     runner = rt.runner("target", 2)[0]
     assert runner.single is runner.engine and rt.target.engine.session.specrt_attention > 0

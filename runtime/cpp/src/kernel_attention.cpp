@@ -402,7 +402,7 @@ bool resolve_matmul() {
   if (a != "auto" && a != "ort" && a != "specrt")
     throw ArgumentError("SPECRT_MATMUL must be one of auto, ort, specrt, got '" + a + "'");
   if (a == "specrt" && !specrt_matmul_nbits_runs())
-    throw ArgumentError("SPECRT_MATMUL=specrt needs a CPU with AVX-512 VNNI");
+    throw ArgumentError("SPECRT_MATMUL=specrt needs a CPU with AVX2 and FMA or AVX-512 VNNI (or SPECRT_ISA=ref)");
   return a != "ort" && specrt_matmul_nbits_runs();
 }
 
