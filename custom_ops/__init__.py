@@ -16,6 +16,7 @@
     fuse_swiglu(m)             folds each SwiGLU activation (Split, Sigmoid, two Muls) into the int4 matmul before it
     fuse_norms(m)              folds each RMS norm ((Skip)SimplifiedLayerNormalization) into the int4 matmul after it
     int8_code()                whether the int8 matmul takes a graph's int8 matmuls here (AVX-512 VNNI and AMX)
+    vnni_code()                whether this CPU has AVX-512 VNNI (the int8 matmul's kernels run)
     fuse_int8_matmuls(m)       makes each int8 matmul with per-row activations, and its row-scale Mul, one MatMulInt8
     fuse_row_quantize(m)       folds the ops quantizing a MatMulInt8's activations per row into it (DynamicMatMulInt8)
 
@@ -445,7 +446,12 @@ def fuse_norms(model) -> int:
 def int8_code() -> bool:
     """Whether specrt's int8 matmul (matmul_int8.cpp) takes a graph's int8 matmuls here: AMX's int8 tiles beside AVX-512
     VNNI (its VNNI path alone is slower than ONNX Runtime's kernel past one row)."""
-    return {"avx512f", "avx512bw", "avx512_vnni", "amx_tile", "amx_int8"} <= set(cpu_flags().split())
+    return vnni_code() and {"amx_tile", "amx_int8"} <= set(cpu_flags().split())
+
+
+def vnni_code() -> bool:
+    """Whether this CPU has AVX-512 with VNNI, what the int8 matmul's kernels need (matmul_int8.cpp)."""
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags().split())
 
 
 def fuse_int8_matmuls(model) -> int:

@@ -41,7 +41,8 @@ class OrtEngine:
     matmul: who computes the int4 MatMulNBits nodes of a graph whose attention runs on specrt's kernel: "auto"
     (the default: $SPECRT_MATMUL, else specrt's int4 matmul where one of its vector variants runs: AVX2 or
     AVX-512 VNNI, custom_ops/matmul_nbits.cpp), "ort" or "specrt" (EngineError without them); with specrt's, its
-    int8 matmuls with per-row activations too where the CPU has AMX (custom_ops/matmul_int8.cpp). ``session.specrt_matmuls`` counts both.
+    int8 matmuls with per-row activations too where the CPU has AMX (custom_ops/matmul_int8.cpp).
+    ``session.specrt_matmuls`` counts both.
     io_binding: bind inputs from host arrays and outputs on the device, copied back after the run
     (default: on when the first provider is a GPU one). CUDA graphs need fixed shapes and fixed
     buffer addresses, which the numpy protocol (a new past length every call) cannot give: they
@@ -95,8 +96,6 @@ class OrtEngine:
         if attention == "specrt":  # graphs load from bytes (custom_ops/): their weights are beside the file
             opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
         self.matmul = resolve_matmul(matmul, on_cpu)
-        if attention != "specrt":  # specrt's matmuls run on graphs whose attention runs on its kernel
-            self.matmul = "ort"
         self.options = opts
         self.providers = [(p, dict((provider_options or {}).get(p, {}))) for p in providers]
         self.attention = attention
@@ -328,8 +327,8 @@ def one_row_differs(engine: OrtEngine) -> bool:
     proto = onnx.load(str(engine.path), load_external_data=False)
     names = {t.name for t in proto.graph.initializer}
     probes = set()
+    on_specrt = engine.session.specrt_matmuls > 0  # what the session renamed (none where its attention is ORT's)
     for node in proto.graph.node:
-        on_specrt = engine.matmul == "specrt" and engine.session.specrt_attention > 0  # (else nothing renamed)
         if node.op_type != "MatMulNBits" or (on_specrt and supported_matmul(node, names)):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}

@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from specrt.custom_ops import (KernelError, cpu_flags, fuse_norms, fuse_swiglu, int8_code, matmul_code, matmul_isa,
-                               use_specrt_matmul)
+from specrt.custom_ops import (KernelError, fuse_norms, fuse_swiglu, int8_code, matmul_code, matmul_isa,
+                               use_specrt_matmul, vnni_code)
 from specrt.engines import EngineError
 from specrt.engines.ort import resolve_matmul
 from test_attention_kernel import library as built_library  # the kernels' library, or a skip saying what is missing
@@ -24,8 +24,8 @@ def kernel_library(kernel: str) -> str:
     """The kernels' library, or a skip naming what specrt's ``kernel`` ("int4", "int8") matmul needs."""
     if kernel == "int4" and not matmul_code():
         pytest.skip("specrt's int4 matmul needs x86-64 with AVX2 and FMA (custom_ops.matmul_isa)")
-    if kernel == "int8" and not {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags().split()):
-        pytest.skip("specrt's int8 matmul needs AVX-512 VNNI (custom_ops.cpu_flags)")
+    if kernel == "int8" and not vnni_code():
+        pytest.skip("specrt's int8 matmul needs AVX-512 VNNI (custom_ops.vnni_code)")
     return built_library("native")
 
 
